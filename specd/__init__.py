@@ -1,0 +1,47 @@
+"""specd: exact speculative decoding for fast local code completion."""
+
+from .api import DraftContext, Drafter, ExitPolicy, Verifier
+from .draft import Draft, Verdict
+from .engine import Completion, Delta, Engine, Generation
+from .errors import (
+    BadInputError,
+    Cancelled,
+    ModelNotFoundError,
+    PluginError,
+    SpecdError,
+    UnknownPluginError,
+)
+from .hookspecs import hookimpl
+from .ngram_index import CorpusIndex, NgramIndex
+from .sampling import SamplingParams, sample, warp
+from .stats import Stats
+from .target import Target
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BadInputError",
+    "Cancelled",
+    "Completion",
+    "CorpusIndex",
+    "Delta",
+    "Draft",
+    "DraftContext",
+    "Drafter",
+    "Engine",
+    "ExitPolicy",
+    "Generation",
+    "ModelNotFoundError",
+    "NgramIndex",
+    "PluginError",
+    "SamplingParams",
+    "SpecdError",
+    "Stats",
+    "Target",
+    "UnknownPluginError",
+    "Verdict",
+    "Verifier",
+    "hookimpl",
+    "sample",
+    "warp",
+]

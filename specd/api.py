@@ -1,0 +1,123 @@
+"""The interfaces plugins implement: Drafter, Verifier, ExitPolicy, and what they are given."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+
+from .draft import Draft, Verdict
+from .sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from .ngram_index import Corpus
+    from .target import Target
+
+
+@dataclass
+class DraftContext:
+    """Everything a drafter may read while it proposes. One per request.
+
+    ``tokens`` is the committed sequence (prompt + generated so far) and grows in place.
+    ``target`` gives access to the served model for drafters that share it (early exit,
+    EAGLE); ``hidden`` holds the target's last hidden state at the last committed
+    position when the drafter asked for hidden states. ``corpus`` is extra text to draft
+    from (open documents, recently accepted completions), or None.
+    """
+
+    tokens: list[int]
+    params: SamplingParams
+    generator: torch.Generator
+    vocab_size: int
+    target: Target | None = None
+    corpus: Corpus | None = None
+    exit_policy: ExitPolicy | None = None
+    hidden: torch.Tensor | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def keep_drafting(self, position: int, confidence: float) -> bool:
+        """Ask the exit policy whether to draft position ``position`` (0-based) after a
+        proposal of the given confidence (the drafter's probability of its own token)."""
+        if self.exit_policy is None:
+            return True
+        return self.exit_policy.continue_drafting(position, confidence)
+
+
+class Drafter:
+    """Proposes a Draft for the current context.
+
+    A drafter is created once per engine and reused across requests: :meth:`start` marks the
+    beginning of a request, :meth:`propose` is called before each target step and
+    :meth:`commit` after it with the tokens that were appended to ``ctx.tokens``.
+    """
+
+    name: ClassVar[str] = ""
+    #: True when the drafter needs ``ctx.hidden`` (the target's last hidden state).
+    wants_hidden: ClassVar[bool] = False
+
+    def start(self, ctx: DraftContext) -> None:
+        """A request starts; ``ctx.tokens`` holds the prompt."""
+
+    def propose(self, ctx: DraftContext, budget: int) -> Draft | None:
+        """Return at most ``budget`` draft nodes, or None to let the target take a plain step."""
+        raise NotImplementedError
+
+    def commit(self, ctx: DraftContext, new_tokens: Sequence[int], accepted: int) -> None:
+        """``new_tokens`` were appended to ``ctx.tokens``; the first ``accepted`` came from
+        the last draft, the final one from the target."""
+
+    def finish(self, ctx: DraftContext) -> None:
+        """The request ended (normally, cancelled or by error)."""
+
+
+class Verifier:
+    """Decides which draft nodes to keep, given the target's warped distributions."""
+
+    name: ClassVar[str] = ""
+    #: Which decoding modes this verifier keeps exact: "greedy", "sampled" or both.
+    exact_for: ClassVar[frozenset[str]] = frozenset()
+
+    def verify(
+        self,
+        draft: Draft,
+        p: torch.Tensor,
+        params: SamplingParams,
+        generator: torch.Generator,
+    ) -> Verdict:
+        """Decide the accepted path and the next token.
+
+        :param draft: the proposal (N nodes).
+        :param p: ``[N + 1, V]`` the target's warped distribution at the root (row 0) and
+            after each node (row i + 1), built with :func:`specd.sampling.warp`.
+        :param params: the request's sampling parameters.
+        :param generator: the request's random generator; the only source of randomness.
+        :returns: the accepted path and one token from the target.
+        """
+        raise NotImplementedError
+
+
+class ExitPolicy:
+    """How much to speculate: draft budget, when to stop drafting, when to give up."""
+
+    name: ClassVar[str] = ""
+
+    def start(self, max_budget: int) -> None:
+        """A request starts; budgets must stay within ``max_budget``."""
+
+    def draft_budget(self) -> int:
+        """How many draft tokens to ask for in the next step; 0 means a plain step."""
+        raise NotImplementedError
+
+    def continue_drafting(self, position: int, confidence: float) -> bool:
+        """Whether a drafter should draft position ``position`` after a token it gave
+        probability ``confidence``."""
+        return True
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        """The last step drafted ``drafted`` tokens and the target accepted ``accepted``."""
+
+    def exit_layer(self, num_layers: int) -> int | None:
+        """For early-exit drafting: the layer to exit at, or None for the drafter's default."""
+        return None

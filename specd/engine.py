@@ -1,0 +1,530 @@
+"""The decode loop: prefill -> [draft -> verify -> commit] * -> stream.
+
+Plain decoding is the same loop with no drafter: every step feeds only the pending token.
+The cache holds every committed token but the last one (the *pending* token), so each
+target step feeds ``[pending, draft...]`` and gets the target's distribution at the root
+and after every draft node in one forward pass.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from . import registry
+from .api import DraftContext, Drafter, ExitPolicy, Verifier
+from .draft import Draft, Verdict
+from .errors import BadInputError, PluginError
+from .ngram_index import Corpus
+from .prefix_cache import PrefixCache
+from .sampling import SamplingParams, make_generator, sample, warp
+from .stats import Stats
+from .target import Target
+from .textstream import TextStream
+
+log = logging.getLogger(__name__)
+
+NO_DRAFTER = "none"
+
+
+@dataclass
+class Delta:
+    """A piece of streamed output: final text and the tokens it came from."""
+
+    text: str
+    token_ids: list[int]
+
+
+@dataclass
+class Completion:
+    text: str
+    token_ids: list[int]
+    stats: Stats
+
+    def as_json(self) -> dict[str, Any]:
+        return {"text": self.text, "token_ids": self.token_ids, "stats": self.stats.as_json()}
+
+
+@dataclass
+class Request:
+    prompt: list[int]
+    params: SamplingParams
+    drafter: str
+    verifier: str
+    exit_policy: str
+    cancel: Callable[[], bool] | None = None
+    deadline: float | None = None  # time.monotonic() value
+    corpus: Corpus | None = None
+
+
+@dataclass
+class _PluginHealth:
+    failures: int = 0
+    disabled: bool = False
+    logged: bool = False
+
+
+class Generation:
+    """A running generation: iterate for :class:`Delta` objects; ``completion`` is set at the end."""
+
+    def __init__(self, it: Iterator[Delta]) -> None:
+        self._it = it
+        self.completion: Completion | None = None
+
+    def __iter__(self) -> Generation:
+        return self
+
+    def __next__(self) -> Delta:
+        return next(self._it)
+
+    def close(self) -> None:
+        self._it.close()  # type: ignore[attr-defined]
+
+    def result(self) -> Completion:
+        """Run to the end and return the completion."""
+        for _ in self:
+            pass
+        assert self.completion is not None
+        return self.completion
+
+
+@dataclass
+class _Step:
+    draft: Draft | None
+    verdict: Verdict
+    new_tokens: list[int] = field(default_factory=list)
+
+
+class Engine:
+    """Loads a target once; generates and streams many times.
+
+    :param target: the served model.
+    :param drafter: default drafter name (``"none"`` for plain decoding).
+    :param verifier: default verifier name; None picks ``greedy`` for temperature 0 and
+        ``rejection`` otherwise.
+    :param exit_policy: default exit-policy name.
+    :param max_draft: the most draft tokens one step may verify.
+    :param drafter_options: constructor options per drafter name.
+    :param prefix_cache_entries: how many sequences' KV caches to keep between requests.
+    :param prefix_cache_bytes: cap on their total size (None: no cap beyond the count).
+    :param plugin_failure_limit: failures after which a plugin is disabled for the session.
+    """
+
+    def __init__(
+        self,
+        target: Target,
+        *,
+        drafter: str = "ngram",
+        verifier: str | None = None,
+        exit_policy: str = "adaptive",
+        max_draft: int = 8,
+        drafter_options: dict[str, dict[str, Any]] | None = None,
+        prefix_cache_entries: int = 4,
+        prefix_cache_bytes: int | None = None,
+        plugin_failure_limit: int = 3,
+    ) -> None:
+        if max_draft < 0:
+            raise BadInputError(f"max_draft must be >= 0, got {max_draft}")
+        self.target = target
+        self.tokenizer = target.tokenizer
+        self.default_drafter = drafter
+        self.default_verifier = verifier
+        self.default_exit_policy = exit_policy
+        self.max_draft = max_draft
+        self.drafter_options = dict(drafter_options or {})
+        self.prefix_cache = PrefixCache(
+            target.new_cache, max_entries=prefix_cache_entries, max_bytes=prefix_cache_bytes
+        )
+        self.plugin_failure_limit = plugin_failure_limit
+        self.corpus: Corpus | None = None
+        self._drafters: dict[str, Drafter] = {}
+        self._verifiers: dict[str, Verifier] = {}
+        self._health: dict[str, _PluginHealth] = {}
+        self._lock = threading.Lock()
+        # Validate the defaults now so a bad name fails at start, not at the first request.
+        self._check_names(drafter, verifier, exit_policy)
+
+    @classmethod
+    def load(
+        cls,
+        model: str | None = None,
+        *,
+        dtype: str | None = None,
+        device: str | None = None,
+        trust_remote_code: bool = False,
+        **engine_kwargs: Any,
+    ) -> Engine:
+        """Load a model offline (the default: SmolLM2-135M-Instruct) and build an engine."""
+        from . import models
+
+        name = model or models.DEFAULT_MODEL
+        lm, tok = models.load(name, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
+        return cls(Target(lm, tok, name=name), **engine_kwargs)
+
+    # -- public API ---------------------------------------------------------------------
+
+    def tokenize(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def generate(self, prompt: str | Sequence[int], params: SamplingParams | None = None, **kw: Any) -> Completion:
+        """Generate to the end. Keyword arguments are those of :meth:`stream`."""
+        return self.stream(prompt, params, **kw).result()
+
+    def stream(
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams | None = None,
+        *,
+        drafter: str | None = None,
+        verifier: str | None = None,
+        exit_policy: str | None = None,
+        cancel: Callable[[], bool] | threading.Event | None = None,
+        time_budget_s: float | None = None,
+        corpus: Corpus | None = None,
+    ) -> Generation:
+        """Start a generation and stream it.
+
+        :param prompt: text, or token ids.
+        :param params: sampling parameters (default: greedy, 64 tokens).
+        :param drafter: drafter name for this request (``"none"``: plain decoding).
+        :param cancel: checked before every target step; when true the generation ends
+            with ``finish_reason == "cancelled"``.
+        :param time_budget_s: wall-clock budget; when spent the generation ends with
+            ``finish_reason == "time"``.
+        :param corpus: extra text for drafters to copy from (default: the engine's).
+        :returns: a :class:`Generation`; iterate it for deltas.
+        """
+        params = params or SamplingParams()
+        ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        if not ids:
+            ids = self._empty_prompt_ids()
+        bad = [t for t in ids if not 0 <= t < self.target.vocab_size]
+        if bad:
+            raise BadInputError(f"prompt token ids out of range [0, {self.target.vocab_size}): {bad[:5]}")
+        if isinstance(cancel, threading.Event):
+            cancel = cancel.is_set
+        d = drafter or self.default_drafter
+        v = verifier or self.default_verifier or ("greedy" if params.greedy else "rejection")
+        e = exit_policy or self.default_exit_policy
+        self._check_names(d, v, e)
+        self._check_exactness(d, v, params)
+        req = Request(
+            prompt=ids,
+            params=params,
+            drafter=d,
+            verifier=v,
+            exit_policy=e,
+            cancel=cancel,
+            deadline=None if time_budget_s is None else time.monotonic() + time_budget_s,
+            corpus=corpus if corpus is not None else self.corpus,
+        )
+        gen = Generation(iter(()))
+        gen._it = self._run(req, gen)
+        return gen
+
+    def plugin_health(self) -> dict[str, dict[str, Any]]:
+        return {k: {"failures": h.failures, "disabled": h.disabled} for k, h in self._health.items()}
+
+    # -- validation ---------------------------------------------------------------------
+
+    def _empty_prompt_ids(self) -> list[int]:
+        bos = getattr(self.tokenizer, "bos_token_id", None)
+        if bos is None:
+            raise BadInputError("the prompt is empty and the model has no BOS token to start from")
+        return [int(bos)]
+
+    def _check_names(self, drafter: str, verifier: str | None, exit_policy: str) -> None:
+        if drafter != NO_DRAFTER:
+            registry.drafter_class(drafter)
+        if verifier is not None:
+            registry.verifier_class(verifier)
+        registry.exit_policy_class(exit_policy)
+
+    def _check_exactness(self, drafter: str, verifier: str, params: SamplingParams) -> None:
+        if drafter == NO_DRAFTER:
+            return
+        mode = "greedy" if params.greedy else "sampled"
+        cls = registry.verifier_class(verifier)
+        if mode not in cls.exact_for:
+            raise BadInputError(
+                f"verifier {verifier!r} is not exact for {mode} decoding "
+                f"(temperature={params.temperature}); "
+                + ("use a sampling verifier such as 'rejection', or --drafter none" if mode == "sampled" else "use 'greedy'")
+            )
+
+    # -- plugin instances and isolation -------------------------------------------------
+
+    def _drafter(self, name: str) -> Drafter | None:
+        if name == NO_DRAFTER or self._health.get(f"drafter:{name}", _PluginHealth()).disabled:
+            return None
+        if name not in self._drafters:
+            self._drafters[name] = registry.make("drafters", name, self.drafter_options.get(name))
+        return self._drafters[name]
+
+    def _verifier(self, name: str) -> Verifier:
+        if name not in self._verifiers:
+            self._verifiers[name] = registry.make("verifiers", name)
+        return self._verifiers[name]
+
+    def _failed(self, key: str, exc: BaseException) -> None:
+        """Record a plugin failure: log it once with its traceback, disable after the limit."""
+        health = self._health.setdefault(key, _PluginHealth())
+        health.failures += 1
+        if not health.logged:
+            health.logged = True
+            log.error("plugin %s failed; this request falls back to plain decoding", key, exc_info=exc)
+        if health.failures >= self.plugin_failure_limit and not health.disabled:
+            health.disabled = True
+            log.error("plugin %s disabled for this session after %d failures", key, health.failures)
+
+    # -- the decode loop ----------------------------------------------------------------
+
+    def _run(self, req: Request, gen: Generation) -> Iterator[Delta]:
+        with self._lock:
+            yield from self._decode(req, gen)
+
+    def _decode(self, req: Request, gen: Generation) -> Iterator[Delta]:
+        t_start = time.perf_counter()
+        params = req.params
+        stats = Stats(prompt_tokens=len(req.prompt), drafter=req.drafter)
+        generator = make_generator(params.seed)
+        text = TextStream(self.tokenizer, params.stop)
+        out_ids: list[int] = []
+
+        cache, reused = self.prefill(req.prompt)
+        stats.reused_tokens = reused
+        stats.prefill_s = time.perf_counter() - t_start
+        pending = req.prompt[-1]
+
+        drafter = self._drafter(req.drafter)
+        drafter_key = f"drafter:{req.drafter}"
+        verifier = self._verifier(req.verifier) if drafter is not None else None
+        policy: ExitPolicy = registry.make("exit_policies", req.exit_policy)
+        policy_key = f"exit_policy:{req.exit_policy}"
+        ctx = DraftContext(
+            tokens=list(req.prompt),
+            params=params,
+            generator=generator,
+            vocab_size=self.target.vocab_size,
+            target=self.target,
+            corpus=req.corpus,
+            exit_policy=policy,
+        )
+        try:
+            if drafter is not None:
+                try:
+                    policy.start(self.max_draft)
+                    drafter.start(ctx)
+                except Exception as exc:  # noqa: BLE001 - a plugin must not fail the request
+                    self._failed(drafter_key, exc)
+                    stats.fallback = f"{drafter_key} raised in start"
+                    drafter = None
+
+            finish = ""
+            while not finish:
+                if req.cancel is not None and req.cancel():
+                    finish = "cancelled"
+                    break
+                if req.deadline is not None and time.monotonic() > req.deadline:
+                    finish = "time"
+                    break
+                t_step = time.perf_counter()
+                remaining = params.max_tokens - len(out_ids)
+                budget = 0
+                if drafter is not None:
+                    try:
+                        budget = min(self.max_draft, remaining - 1, max(int(policy.draft_budget()), 0))
+                    except Exception as exc:  # noqa: BLE001
+                        self._failed(policy_key, exc)
+                        stats.fallback = f"{policy_key} raised in draft_budget"
+                        drafter = None
+
+                draft = None
+                if drafter is not None and budget > 0:
+                    try:
+                        draft = self.draft_step(drafter, ctx, budget)
+                    except Exception as exc:  # noqa: BLE001
+                        self._failed(drafter_key, exc)
+                        stats.fallback = f"{drafter_key} raised in propose"
+                        drafter, draft = None, None
+                t_drafted = time.perf_counter()
+                stats.draft_s += t_drafted - t_step
+
+                want_hidden = drafter is not None and drafter.wants_hidden
+                step = self.verify_step(cache, pending, draft, verifier, params, generator, want_hidden=want_hidden, ctx=ctx)
+                if step is None:  # the verifier failed: drop the draft, continue plainly
+                    stats.fallback = f"verifier:{req.verifier} failed"
+                    drafter = None
+                    continue
+                stats.verify_s += time.perf_counter() - t_drafted
+
+                new = step.new_tokens
+                n_drafted = len(draft) if draft is not None else 0
+                n_accepted = len(step.verdict.path)
+                depth = max(draft.depths()) if draft is not None else 0
+                stats.record_step(n_drafted, depth, n_accepted)
+                try:
+                    policy.observe(n_drafted, n_accepted)
+                except Exception as exc:  # noqa: BLE001
+                    self._failed(policy_key, exc)
+                    stats.fallback = f"{policy_key} raised in observe"
+                    drafter = None
+                pending = new[-1]
+
+                # EOS and max_tokens cut the step's tokens; the cache already holds them,
+                # which is harmless: the prefix cache records what it holds.
+                emit = new
+                for i, t in enumerate(emit):
+                    if t in self.target.eos_token_ids:
+                        emit, finish = emit[:i], "eos"
+                        break
+                if len(out_ids) + len(emit) >= params.max_tokens:
+                    emit = emit[: params.max_tokens - len(out_ids)]
+                    finish = finish or "length"
+
+                ctx.tokens.extend(new)
+                if drafter is not None:
+                    try:
+                        drafter.commit(ctx, new, n_accepted)
+                    except Exception as exc:  # noqa: BLE001
+                        self._failed(drafter_key, exc)
+                        stats.fallback = f"{drafter_key} raised in commit"
+                        drafter = None
+
+                piece, kept = text.push(emit)
+                emit = emit[:kept]
+                if text.stopped:
+                    finish = "stop"
+                out_ids.extend(emit)
+                if emit and stats.new_tokens == 0:
+                    stats.ttft_s = time.perf_counter() - t_start
+                stats.new_tokens = len(out_ids)
+                stats.step_s.append((time.perf_counter() - t_step) / max(len(emit), 1))
+                if piece or emit:
+                    yield Delta(piece, emit)
+            tail = text.flush()
+            if tail:
+                yield Delta(tail, [])
+            stats.finish_reason = finish
+        finally:
+            if drafter is not None:
+                try:
+                    drafter.finish(ctx)
+                except Exception as exc:  # noqa: BLE001
+                    self._failed(drafter_key, exc)
+            # The cache holds every committed token but the pending one.
+            self.prefix_cache.release(cache, ctx.tokens[:-1])
+        stats.total_s = time.perf_counter() - t_start
+        if stats.new_tokens and not stats.ttft_s:
+            stats.ttft_s = stats.total_s
+        gen.completion = Completion(text=text.text, token_ids=out_ids, stats=stats)
+
+    def prefill(self, prompt: Sequence[int]):
+        """Bring a cache to hold ``prompt[:-1]``, reusing the longest cached prefix.
+
+        :returns: (cache, how many prompt tokens were reused from an earlier request).
+        """
+        head = list(prompt[:-1])
+        cache, reused = self.prefix_cache.acquire(head)
+        try:
+            self.target.prefill(cache, head[reused:])
+        except BaseException:
+            cache.crop(0)
+            self.prefix_cache.release(cache, [])
+            raise
+        return cache, reused
+
+    def draft_step(self, drafter: Drafter, ctx: DraftContext, budget: int) -> Draft | None:
+        """Ask the drafter for at most ``budget`` nodes; reject malformed drafts."""
+        draft = drafter.propose(ctx, budget)
+        if draft is None or len(draft) == 0:
+            return None
+        _check_draft(draft, budget, self.target.vocab_size)
+        return draft
+
+    def verify_step(
+        self,
+        cache,
+        pending: int,
+        draft: Draft | None,
+        verifier: Verifier | None,
+        params: SamplingParams,
+        generator: torch.Generator,
+        *,
+        want_hidden: bool = False,
+        ctx: DraftContext | None = None,
+    ) -> _Step | None:
+        """One target forward over ``[pending, draft...]``, the verifier's decision, and the
+        cache commit/rollback. :returns: the step, or None when the verifier failed (the
+        cache is then rolled back to where it was)."""
+        base = cache.length
+        tokens = [pending]
+        parents = None
+        if draft is not None:
+            tokens += draft.tokens
+            parents = [-1] + [p + 1 if p >= 0 else 0 for p in draft.parents]
+        out = self.target.forward(cache, tokens, parents, hidden=want_hidden)
+        # logits: [1 + N, V] -> p: the target's distributions at the root and after each node
+        p = warp(out.logits, params)
+        if draft is None:
+            verdict = Verdict(path=[], token=_choose(p[0], params, generator))
+        else:
+            assert verifier is not None
+            try:
+                verdict = verifier.verify(draft, p, params, generator)
+                _check_verdict(verdict, draft, self.target.vocab_size)
+            except Exception as exc:  # noqa: BLE001 - fall back to the target's own choice
+                cache.crop(base)
+                self._failed(f"verifier:{verifier.name}", exc)
+                return None
+        # Commit: keep the pending token and the accepted path; roll back the rest.
+        cache.keep(base, [base] + [base + 1 + i for i in verdict.path])
+        if want_hidden and ctx is not None and out.hidden is not None:
+            ctx.hidden = out.hidden[[0] + [1 + i for i in verdict.path]]
+        new = [draft.tokens[i] for i in verdict.path] if draft is not None else []
+        new.append(verdict.token)
+        return _Step(draft=draft, verdict=verdict, new_tokens=new)
+
+
+def _choose(p: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
+    """The target's own token from a warped distribution (plain decoding)."""
+    if params.greedy:
+        return int(p.argmax())
+    return sample(p, generator)
+
+
+def _check_draft(draft: Draft, budget: int, vocab: int) -> None:
+    n = len(draft.tokens)
+    if n > budget:
+        raise PluginError(f"draft of {n} nodes exceeds the budget of {budget}")
+    if len(draft.parents) != n:
+        raise PluginError("draft tokens and parents differ in length")
+    for i, (t, par) in enumerate(zip(draft.tokens, draft.parents)):
+        if not isinstance(t, int) or not 0 <= t < vocab:
+            raise PluginError(f"draft token {t!r} at node {i} is outside the vocabulary [0, {vocab})")
+        if not -1 <= par < i:
+            raise PluginError(f"draft node {i} has parent {par}; parents must precede children")
+    if draft.q is not None:
+        q = draft.q
+        if q.shape != (n, vocab):
+            raise PluginError(f"draft q has shape {tuple(q.shape)}, expected {(n, vocab)}")
+        if not torch.isfinite(q).all() or (q < 0).any():
+            raise PluginError("draft q has NaN, infinite or negative probabilities")
+        if not torch.allclose(q.sum(-1).double(), torch.ones(n, dtype=torch.float64), atol=1e-3):
+            raise PluginError("draft q rows do not sum to 1")
+
+
+def _check_verdict(verdict: Verdict, draft: Draft, vocab: int) -> None:
+    prev = -1
+    for node in verdict.path:
+        if not 0 <= node < len(draft) or draft.parents[node] != prev:
+            raise PluginError(f"verifier returned a path {verdict.path} that is not a root path of the draft")
+        prev = node
+    if not 0 <= verdict.token < vocab:
+        raise PluginError(f"verifier returned token {verdict.token} outside the vocabulary")

@@ -1,0 +1,45 @@
+"""The hooks a specd plugin can implement.
+
+Each hook receives a ``register`` callback; call it once per class you provide. Plugins are
+found through the ``specd`` entry-point group, the same way for first- and third-party code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pluggy
+
+hookspec = pluggy.HookspecMarker("specd")
+hookimpl = pluggy.HookimplMarker("specd")
+
+
+@hookspec
+def specd_register_drafters(register: Callable[[type], None]) -> None:
+    """Register drafter classes.
+
+    :param register: call ``register(cls)`` for each :class:`specd.Drafter` subclass; its
+        ``name`` attribute is what ``--drafter`` accepts. Keyword options given with
+        ``--drafter-option key=value`` are passed to the constructor.
+    :returns: nothing; results are collected through ``register``.
+    """
+
+
+@hookspec
+def specd_register_verifiers(register: Callable[[type], None]) -> None:
+    """Register verifier classes.
+
+    :param register: call ``register(cls)`` for each :class:`specd.Verifier` subclass; its
+        ``name`` attribute is what ``--verifier`` accepts.
+    :returns: nothing; results are collected through ``register``.
+    """
+
+
+@hookspec
+def specd_register_exit_policies(register: Callable[[type], None]) -> None:
+    """Register exit-policy classes.
+
+    :param register: call ``register(cls)`` for each :class:`specd.ExitPolicy` subclass;
+        its ``name`` attribute is what ``--exit-policy`` accepts.
+    :returns: nothing; results are collected through ``register``.
+    """

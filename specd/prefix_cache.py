@@ -1,0 +1,93 @@
+"""KV caches kept between requests, so a request that shares a prefix with an earlier one
+computes only its new tokens (consecutive keystrokes in an editor)."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import count
+
+from .kvcache import KVCache
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+@dataclass
+class _Entry:
+    tokens: list[int]
+    cache: KVCache
+
+
+class PrefixCache:
+    """An LRU of (token sequence, KV cache) pairs, capped by entry count and bytes.
+
+    ``acquire`` hands out the cache whose tokens share the longest prefix with the request,
+    cropped to that prefix, and removes it from the pool so no two requests write to one
+    cache; ``release`` returns it with the tokens it now holds.
+    """
+
+    def __init__(self, new_cache, *, max_entries: int = 4, max_bytes: int | None = None) -> None:
+        if max_entries < 1:
+            raise ValueError("max_entries must be >= 1")
+        self._new_cache = new_cache
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[int, _Entry] = OrderedDict()
+        self._ids = count()
+        self._lock = threading.Lock()
+        self.lookups = 0
+        self.hits = 0
+        self.reused_tokens = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def acquire(self, tokens: Sequence[int]) -> tuple[KVCache, int]:
+        """:returns: a cache holding the first ``n`` of ``tokens``, and ``n``."""
+        with self._lock:
+            self.lookups += 1
+            best_key, best_n = None, 0
+            for key, entry in self._entries.items():
+                n = common_prefix(entry.tokens, tokens)
+                if n > best_n:
+                    best_key, best_n = key, n
+            if best_key is None:
+                if len(self._entries) >= self.max_entries:
+                    # recycle the least recently used buffer instead of allocating a new one
+                    _, entry = self._entries.popitem(last=False)
+                    entry.cache.crop(0)
+                    return entry.cache, 0
+                return self._new_cache(), 0
+            entry = self._entries.pop(best_key)
+            entry.cache.crop(best_n)
+            self.hits += 1
+            self.reused_tokens += best_n
+            return entry.cache, best_n
+
+    def release(self, cache: KVCache, tokens: Sequence[int]) -> None:
+        """Return ``cache``, which now holds exactly ``tokens``."""
+        if cache.length != len(tokens):
+            return  # inconsistent (an error mid-step): drop it rather than risk reuse
+        with self._lock:
+            self._entries[next(self._ids)] = _Entry(list(tokens), cache)
+            while len(self._entries) > self.max_entries or (
+                self.max_bytes is not None
+                and len(self._entries) > 1
+                and sum(e.cache.nbytes() for e in self._entries.values()) > self.max_bytes
+            ):
+                self._entries.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+    def nbytes(self) -> int:
+        return sum(e.cache.nbytes() for e in self._entries.values())

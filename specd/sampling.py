@@ -1,0 +1,94 @@
+"""Sampling parameters and the one warping function that turns logits into probabilities.
+
+Plain sampling, the verifiers and every drafter that samples build their distributions with
+:func:`warp`, so the target's p and a drafter's q are always shaped the same way.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from .errors import BadInputError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to choose tokens. ``temperature == 0`` means greedy (argmax)."""
+
+    temperature: float = 0.0
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1.0 = off
+    seed: int | None = None
+    max_tokens: int = 64
+    stop: tuple[str, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)):
+            raise BadInputError(f"temperature must be a finite number, got {self.temperature!r}")
+        if self.temperature < 0:
+            raise BadInputError(f"temperature must be >= 0, got {self.temperature}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise BadInputError(f"top_k must be an integer >= 0, got {self.top_k!r}")
+        if not (isinstance(self.top_p, (int, float)) and 0.0 < self.top_p <= 1.0):
+            raise BadInputError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise BadInputError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if self.seed is not None and not isinstance(self.seed, int):
+            raise BadInputError(f"seed must be an integer, got {self.seed!r}")
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        else:
+            object.__setattr__(self, "stop", tuple(self.stop))
+        if any((not isinstance(s, str)) or s == "" for s in self.stop):
+            raise BadInputError("stop strings must be non-empty strings")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Turn logits into the probabilities tokens are drawn from.
+
+    :param logits: ``[..., V]`` raw scores.
+    :param params: temperature, top-k and top-p to apply, in that order.
+    :returns: ``[..., V]`` float probabilities summing to 1 on the last axis. Greedy gives a
+        one-hot vector on the first argmax, the token plain greedy decoding picks.
+    """
+    if params.greedy:
+        idx = logits.argmax(dim=-1, keepdim=True)
+        return torch.zeros_like(logits, dtype=torch.float32).scatter_(-1, idx, 1.0)
+    scores = logits.float() / params.temperature
+    vocab = scores.shape[-1]
+    if 0 < params.top_k < vocab:
+        kth = torch.topk(scores, params.top_k, dim=-1).values[..., -1:]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, dim=-1, descending=True)
+        sorted_probs = sorted_scores.softmax(dim=-1)
+        # Keep the smallest prefix whose mass reaches top_p: drop a token when the mass
+        # strictly before it already reaches top_p. The first token is always kept.
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        drop_sorted = mass_before >= params.top_p
+        drop_sorted[..., 0] = False
+        drop = torch.zeros_like(drop_sorted).scatter_(-1, order, drop_sorted)
+        scores = scores.masked_fill(drop, float("-inf"))
+    return scores.softmax(dim=-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    """Draw one token id from a ``[V]`` probability vector."""
+    return int(torch.multinomial(probs, 1, generator=generator).item())
+
+
+def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
+    """A generator seeded from ``seed``, or from fresh entropy when it is None."""
+    gen = torch.Generator(device="cpu")
+    if seed is None:
+        gen.seed()
+    else:
+        gen.manual_seed(seed)
+    return gen

@@ -1,0 +1,140 @@
+"""The target model: forward passes over new tokens on top of a KV cache."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .kvcache import KVCache
+
+PREFILL_CHUNK = 1024
+
+
+@dataclass
+class ForwardOut:
+    logits: torch.Tensor  # [T, V]
+    hidden: torch.Tensor | None = None  # [T, H], the last layer's output (before the final norm)
+
+
+class Target:
+    """A Hugging Face causal LM served by the engine.
+
+    ``forward`` runs the model over new tokens, appending their keys and values to the given
+    cache. A token tree is fed as its nodes in order with ``parents`` (index into the fed
+    tokens, -1 for a node that follows the cached sequence); each node then attends only to
+    the cache and its own ancestors.
+    """
+
+    def __init__(self, model: torch.nn.Module, tokenizer, *, name: str = "model") -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.name = name
+        self.config = model.config
+        params = next(model.parameters())
+        self.device = params.device
+        self.dtype = params.dtype
+        out_emb = model.get_output_embeddings()
+        self.vocab_size = int(out_emb.weight.shape[0]) if out_emb is not None else int(self.config.vocab_size)
+        text_cfg = self.config.get_text_config(decoder=True)
+        self.num_layers = int(text_cfg.num_hidden_layers)
+        self.eos_token_ids = _eos_ids(model, tokenizer)
+        fwd = inspect.signature(model.forward).parameters
+        self._cache_kw = "past_key_values" if "past_key_values" in fwd else "cache"
+
+    def new_cache(self, capacity: int = 256) -> KVCache:
+        return KVCache(self.num_layers, capacity=capacity)
+
+    def weight_bytes(self) -> int:
+        """Bytes of parameters read by one forward step (tied weights counted once)."""
+        seen: set[int] = set()
+        total = 0
+        for p in self.model.parameters():
+            if p.data_ptr() in seen:
+                continue
+            seen.add(p.data_ptr())
+            total += p.numel() * p.element_size()
+        return total
+
+    @torch.inference_mode()
+    def prefill(self, cache: KVCache, tokens: Sequence[int]) -> None:
+        """Append ``tokens`` to the cache without computing their logits (beyond one row)."""
+        for start in range(0, len(tokens), PREFILL_CHUNK):
+            self._run(cache, list(tokens[start : start + PREFILL_CHUNK]), None, keep=1)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        cache: KVCache,
+        tokens: Sequence[int],
+        parents: Sequence[int] | None = None,
+        *,
+        hidden: bool = False,
+    ) -> ForwardOut:
+        """Run the model over ``tokens`` (a chain, or a tree when ``parents`` is given).
+
+        :returns: logits ``[T, V]`` for every fed token, and the last hidden states when asked.
+        """
+        return self._run(cache, list(tokens), parents, keep=0, hidden=hidden)
+
+    def _run(
+        self,
+        cache: KVCache,
+        tokens: list[int],
+        parents: Sequence[int] | None,
+        *,
+        keep: int,
+        hidden: bool = False,
+    ) -> ForwardOut:
+        past = cache.length
+        n = len(tokens)
+        ids = torch.tensor([tokens], dtype=torch.long, device=self.device)  # [1, T]
+        kwargs: dict = {self._cache_kw: cache.hf, "use_cache": True, "logits_to_keep": keep}
+        if parents is not None and any(p != i - 1 for i, p in enumerate(parents)):
+            depth, mask = _tree_mask(parents, past, self.dtype, self.device)
+            kwargs["position_ids"] = (past + depth).unsqueeze(0)
+            kwargs["attention_mask"] = mask
+        else:
+            kwargs["position_ids"] = torch.arange(past, past + n, device=self.device).unsqueeze(0)
+        if hidden:
+            kwargs["output_hidden_states"] = True
+        out = self.model(input_ids=ids, **kwargs)
+        logits = out.logits[0]  # [T, V]
+        hs = out.hidden_states[-1][0] if hidden else None
+        return ForwardOut(logits=logits, hidden=hs)
+
+
+def _tree_mask(
+    parents: Sequence[int], past: int, dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Depths ``[T]`` and an additive attention mask ``[1, 1, T, past + T]`` for a token tree."""
+    n = len(parents)
+    allowed = torch.zeros((n, n), dtype=torch.bool)
+    depth = torch.zeros(n, dtype=torch.long)
+    for i, p in enumerate(parents):
+        if p >= i:
+            raise ValueError("tree parents must come before their children")
+        allowed[i, i] = True
+        if p >= 0:
+            allowed[i] |= allowed[p]
+            depth[i] = depth[p] + 1
+    full = torch.ones((n, past + n), dtype=torch.bool)
+    full[:, past:] = allowed
+    mask = torch.zeros((n, past + n), dtype=dtype)
+    mask.masked_fill_(~full, torch.finfo(dtype).min)
+    return depth.to(device), mask.to(device)[None, None]
+
+
+def _eos_ids(model: torch.nn.Module, tokenizer) -> set[int]:
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config, tokenizer):
+        value = getattr(source, "eos_token_id", None) if source is not None else None
+        if value is None:
+            continue
+        if isinstance(value, int):
+            ids.add(value)
+        else:
+            ids.update(int(v) for v in value)
+    return ids

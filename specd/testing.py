@@ -1,0 +1,74 @@
+"""Tiny random models for tests and for ``specd verify``: exact, fast, nothing downloaded."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from .target import Target
+
+
+class CharTokenizer:
+    """A tokenizer for tiny models: token i is the character ``chr(32 + i)``.
+
+    ``eos_token_id`` is None unless given, so random models do not stop early.
+    """
+
+    def __init__(self, vocab_size: int, eos_token_id: int | None = None, bos_token_id: int | None = 0) -> None:
+        self.vocab_size = vocab_size
+        self.eos_token_id = eos_token_id
+        self.bos_token_id = bos_token_id
+
+    def __call__(self, text: str, add_special_tokens: bool = False) -> dict[str, list[int]]:
+        return {"input_ids": self.encode(text)}
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [ord(c) - 32 for c in text if 0 <= ord(c) - 32 < self.vocab_size]
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return "".join(chr(32 + int(i)) for i in ids if not (skip_special_tokens and i == self.eos_token_id))
+
+
+def tiny_model(
+    vocab_size: int = 96,
+    *,
+    hidden_size: int = 32,
+    num_layers: int = 2,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float64,
+    logit_scale: float = 1.0,
+):
+    """A randomly initialised Llama-architecture causal LM.
+
+    :param logit_scale: multiplies the output embedding; larger values make the model's
+        distributions peakier (more like a trained model), smaller ones flatter.
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        bos_token_id=0,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(logit_scale)
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = None
+    return model.to(dtype).eval()
+
+
+def tiny_target(vocab_size: int = 96, *, eos_token_id: int | None = None, **kwargs) -> Target:
+    """A :class:`Target` around :func:`tiny_model` with a :class:`CharTokenizer`."""
+    model = tiny_model(vocab_size, **kwargs)
+    return Target(model, CharTokenizer(vocab_size, eos_token_id=eos_token_id), name="tiny")
