@@ -212,7 +212,8 @@ class Engine:
         d = drafter or self.default_drafter
         v = verifier or self.default_verifier or ("greedy" if params.greedy else "rejection")
         e = exit_policy or self.default_exit_policy
-        self._check_names(d, v, e)
+        # Plain decoding uses neither a verifier nor a policy's budget.
+        self._check_names(d, v if d != NO_DRAFTER else None, e)
         self._check_exactness(d, v, params)
         req = Request(
             prompt=ids,

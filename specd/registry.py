@@ -14,8 +14,10 @@ from .api import Drafter, ExitPolicy, Verifier
 from .errors import BadInputError, UnknownPluginError
 
 #: Set to a comma-separated list of entry-point names to load only those plugins
-#: (``SPECD_LOAD_PLUGINS=""`` loads none); unset loads every installed plugin.
+#: (``SPECD_LOAD_PLUGINS=""`` loads none, ``builtin`` only specd's own); unset loads every
+#: installed plugin.
 LOAD_PLUGINS_ENV = "SPECD_LOAD_PLUGINS"
+BUILTIN_PREFIX = "specd.plugins."
 
 _pm: pluggy.PluginManager | None = None
 
@@ -40,7 +42,8 @@ def get_plugin_manager() -> pluggy.PluginManager:
 
             wanted = {n.strip() for n in only.split(",") if n.strip()}
             for ep in entry_points(group="specd"):
-                if ep.name in wanted and not pm.has_plugin(ep.name):
+                builtin = "builtin" in wanted and ep.value.startswith(BUILTIN_PREFIX)
+                if (builtin or ep.name in wanted) and not pm.has_plugin(ep.name):
                     pm.register(ep.load(), name=ep.name)
         _pm = pm
     return _pm

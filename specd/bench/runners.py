@@ -1,0 +1,233 @@
+"""Running one configuration on one prompt, timed the same way for every configuration.
+
+Both kinds are timed from the outside: a Hugging Face streamer sees each step's tokens as
+``generate`` produces them, and the engine's stream yields one delta per target step. Each
+such *event* gets a timestamp, so TTFT, time per output token and tokens per target step
+are measured by one piece of code for both.
+"""
+
+from __future__ import annotations
+
+import re
+import resource
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..engine import Engine
+from ..sampling import SamplingParams
+from ..target import Target
+from .configs import Config
+from .workloads import Prompt
+
+
+@dataclass
+class Run:
+    """What one configuration did on one prompt."""
+
+    token_ids: list[int]
+    total_s: float
+    ttft_s: float
+    #: (seconds since the previous event, tokens in this event) per event; the first
+    #: event's gap is the TTFT.
+    events: list[tuple[float, int]]
+    steps: int
+    drafted: int = 0
+    accepted: int = 0
+    position_drafted: list[int] = field(default_factory=list)
+    position_accepted: list[int] = field(default_factory=list)
+    peak_rss_kb: int | None = None
+    fallback: str | None = None
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.token_ids)
+
+    def token_gaps(self) -> list[float]:
+        """Seconds per output token after the first: an event of k tokens after a gap g
+        contributes k samples of g / k."""
+        out: list[float] = []
+        for i, (gap, n) in enumerate(self.events):
+            if i == 0 or n == 0:
+                continue
+            out += [gap / n] * n
+        return out
+
+
+class Runner:
+    """Runs configurations against one target; builds each engine once.
+
+    :param target: the served model (shared by every configuration).
+    :param draft_lm: a draft model for ``hf-assisted``, or None.
+    :param track_rss: reset the process's peak-RSS mark before each run and read it after
+        (Linux ``/proc/self/clear_refs``), so each run reports its own peak.
+    """
+
+    def __init__(self, target: Target, *, draft_lm: torch.nn.Module | None = None, track_rss: bool = False) -> None:
+        self.target = target
+        self.draft_lm = draft_lm
+        self.track_rss = track_rss and _can_reset_peak_rss()
+        self._engines: dict[str, Engine] = {}
+        eos = sorted(target.eos_token_ids)
+        self._eos = eos
+        self._pad = eos[0] if eos else 0
+
+    def engine(self, cfg: Config) -> Engine:
+        if cfg.name not in self._engines:
+            self._engines[cfg.name] = Engine(
+                self.target,
+                drafter=cfg.drafter or "none",
+                exit_policy=cfg.exit_policy or "adaptive",
+                max_draft=cfg.max_draft,
+                drafter_options={cfg.drafter: dict(cfg.drafter_options)} if cfg.drafter_options else None,
+                prefix_cache_entries=1,
+            )
+        return self._engines[cfg.name]
+
+    def run(self, cfg: Config, prompt: Prompt) -> Run:
+        if self.track_rss:
+            reset_peak_rss()
+        run = self._run_hf(cfg, prompt) if cfg.kind == "hf" else self._run_specd(cfg, prompt)
+        if self.track_rss:
+            run.peak_rss_kb = peak_rss_kb()
+        return run
+
+    # -- specd ------------------------------------------------------------------------------
+
+    def _run_specd(self, cfg: Config, prompt: Prompt) -> Run:
+        engine = self.engine(cfg)
+        # Every configuration starts cold: reusing the KV cache another configuration left
+        # for the same prompt would flatter the TTFT. Prefix reuse is measured on its own.
+        engine.prefix_cache.clear()
+        params = SamplingParams(max_tokens=prompt.max_tokens)
+        events: list[tuple[float, int]] = []
+        t0 = last = time.perf_counter()
+        gen = engine.stream(prompt.ids, params)
+        for delta in gen:
+            if delta.token_ids:
+                now = time.perf_counter()
+                events.append((now - last, len(delta.token_ids)))
+                last = now
+        total = time.perf_counter() - t0
+        engine.prefix_cache.clear()
+        assert gen.completion is not None
+        c = gen.completion
+        s = c.stats
+        return Run(
+            token_ids=list(c.token_ids),
+            total_s=total,
+            ttft_s=events[0][0] if events else total,
+            events=events,
+            steps=s.target_steps,
+            drafted=s.drafted,
+            accepted=s.accepted,
+            position_drafted=list(s.position_drafted),
+            position_accepted=list(s.position_accepted),
+            fallback=s.fallback,
+        )
+
+    # -- Hugging Face -----------------------------------------------------------------------
+
+    def hf_kwargs(self, cfg: Config, max_tokens: int) -> dict[str, Any]:
+        from transformers import GenerationConfig
+
+        gc = GenerationConfig(
+            max_new_tokens=max_tokens,
+            do_sample=False,
+            eos_token_id=self._eos or None,
+            pad_token_id=self._pad,
+            prompt_lookup_num_tokens=cfg.prompt_lookup_tokens,
+        )
+        kw: dict[str, Any] = {"generation_config": gc}
+        if cfg.assisted:
+            if self.draft_lm is None:
+                raise ValueError(f"{cfg.name} needs a draft model")
+            kw["assistant_model"] = self.draft_lm
+        return kw
+
+    @torch.inference_mode()
+    def _run_hf(self, cfg: Config, prompt: Prompt) -> Run:
+        model = self.target.model
+        ids = torch.tensor([prompt.ids], dtype=torch.long, device=self.target.device)  # [1, T]
+        kw = self.hf_kwargs(cfg, prompt.max_tokens)
+        clock = _Clock()
+        t0 = time.perf_counter()
+        clock.last = t0
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), streamer=clock, **kw)
+        total = time.perf_counter() - t0
+        new = out[0, ids.shape[1] :].tolist()
+        # The engine reports tokens without the EOS that ended them; so do we.
+        while new and new[-1] in self.target.eos_token_ids:
+            new.pop()
+        return Run(
+            token_ids=new,
+            total_s=total,
+            ttft_s=clock.events[0][0] if clock.events else total,
+            events=clock.events,
+            steps=len(clock.events),
+        )
+
+
+class _Clock:
+    """A ``generate`` streamer that timestamps each step's tokens (the first put is the prompt)."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[float, int]] = []
+        self.last = time.perf_counter()
+        self._prompt_seen = False
+
+    def put(self, value: torch.Tensor) -> None:
+        now = time.perf_counter()
+        if not self._prompt_seen:
+            self._prompt_seen = True
+            return
+        self.events.append((now - self.last, int(value.numel())))
+        self.last = now
+
+    def end(self) -> None:
+        pass
+
+
+# -- peak RSS ---------------------------------------------------------------------------------
+
+_CLEAR_REFS = Path("/proc/self/clear_refs")
+_STATUS = Path("/proc/self/status")
+
+
+def _can_reset_peak_rss() -> bool:
+    try:
+        reset_peak_rss()
+        return peak_rss_kb() > 0
+    except OSError:
+        return False
+
+
+def reset_peak_rss() -> None:
+    """Set the process's peak-RSS mark (VmHWM) to its current RSS (Linux >= 4.0)."""
+    _CLEAR_REFS.write_text("5")
+
+
+def peak_rss_kb() -> int:
+    """The process's peak RSS in KiB: VmHWM where /proc has it, else ru_maxrss."""
+    try:
+        m = re.search(r"VmHWM:\s+(\d+)\s+kB", _STATUS.read_text())
+        if m:
+            return int(m.group(1))
+    except OSError:
+        pass
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss // 1024 if sys.platform == "darwin" else rss  # bytes on macOS, KiB on Linux
+
+
+def current_rss_kb() -> int:
+    try:
+        m = re.search(r"VmRSS:\s+(\d+)\s+kB", _STATUS.read_text())
+        if m:
+            return int(m.group(1))
+    except OSError:
+        pass
+    return 0

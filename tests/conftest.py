@@ -1,0 +1,32 @@
+"""Shared test setup.
+
+Only specd's own plugins load in tests (``SPECD_LOAD_PLUGINS=builtin``), so a third-party
+plugin installed in the environment cannot change results; a test that needs installed
+plugins (the example-plugin test) clears the variable for its subprocesses.
+Hypothesis runs derandomized under CI so a run is reproducible.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+os.environ.setdefault("SPECD_LOAD_PLUGINS", "builtin")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+settings.register_profile(
+    "ci", derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True
+)
+settings.register_profile("dev", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+
+@pytest.fixture(scope="session")
+def real_engine():
+    """The default model (SmolLM2-135M-Instruct) in float32 on CPU, loaded once."""
+    from specd import Engine
+
+    return Engine.load(dtype="float32", device="cpu")

@@ -1,0 +1,88 @@
+"""The CLI contract: JSON fields, exit codes, messages naming what was wrong."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+STATS_FIELDS = {
+    "prompt_tokens",
+    "new_tokens",
+    "target_steps",
+    "drafted",
+    "accepted",
+    "mean_acceptance_length",
+    "position_acceptance",
+    "draft_s",
+    "verify_s",
+    "ttft_s",
+    "tpot_s",
+    "tokens_per_s",
+}
+
+
+def specd(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "specd.cli", *args], capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_generate_json_contract():
+    r = specd("generate", "def add(a, b):", "--max-tokens", "12", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert set(out) >= {"text", "token_ids", "stats"}
+    assert STATS_FIELDS <= set(out["stats"])
+    assert 0 < len(out["token_ids"]) <= 12
+    assert out["stats"]["new_tokens"] == len(out["token_ids"])
+
+
+@pytest.mark.slow
+def test_generate_streams_text(tmp_path):
+    f = tmp_path / "p.py"
+    f.write_text("def square(x):\n")
+    r = specd("generate", "--file", str(f), "--max-tokens", "8", "--drafter", "none")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip()
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["generate", "x", "--drafter", "nope"], "unknown drafter 'nope'"),
+        (["generate", "x", "--exit-policy", "nope"], "unknown exit policy 'nope'"),
+        (["generate", "x", "--top-p", "2"], "top_p"),
+        (["generate", "x", "--max-tokens", "0"], "max_tokens"),
+        (["generate", "x", "--dtype", "int3"], "unknown dtype 'int3'"),
+        (["generate", "x", "--device", "tpu"], "unknown device 'tpu'"),
+        (["generate", "x", "--model", "/nonexistent/model"], "unknown model"),
+        (["generate", "--file", "/nonexistent/file.py"], "cannot read --file"),
+        (["generate", "x", "--max-tokens", "many"], "invalid int value"),
+        (["generate", "x", "--drafter-option", "novalue"], "KEY=VALUE"),
+        (["nosuchcommand"], "invalid choice"),
+    ],
+)
+def test_bad_input_exits_2_naming_the_problem(args, needle):
+    r = specd(*args)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert needle in r.stderr
+
+
+def test_plugins_json_lists_builtins():
+    r = specd("plugins", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert set(out) == {"drafters", "verifiers", "exit_policies"}
+    names = {kind: {e["name"] for e in entries} for kind, entries in out.items()}
+    assert "ngram" in names["drafters"]
+    assert "greedy" in names["verifiers"]
+    assert {"fixed", "adaptive"} <= names["exit_policies"]
+    assert all(e["module"].startswith("specd.") for entries in out.values() for e in entries)
+
+
+def test_help_for_every_command():
+    for cmd in ["generate", "plugins"]:
+        r = specd(cmd, "--help")
+        assert r.returncode == 0 and "usage" in r.stdout

@@ -1,0 +1,98 @@
+"""Every hook is documented: in its docstring (:param: and :returns:) and in docs/plugins.md.
+
+A new hookspec without a section in the plugin guide, or without its parameters described,
+fails here.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from pathlib import Path
+from typing import Any
+
+import pluggy
+import pytest
+
+from specd import hookspecs
+
+ROOT = Path(__file__).resolve().parent.parent
+PLUGINS_MD = ROOT / "docs" / "plugins.md"
+EXAMPLE_MODULE = ROOT / "docs" / "examples" / "specd-example-drafter" / "specd_example_drafter.py"
+
+
+def _hookspecs() -> dict[str, Any]:
+    pm = pluggy.PluginManager("specd")
+    pm.add_hookspecs(hookspecs)
+    specs = {}
+    for name, caller in vars(pm.hook).items():
+        if isinstance(caller, pluggy.HookCaller) and caller.spec is not None:
+            specs[name] = caller.spec
+    return specs
+
+
+HOOKSPECS = _hookspecs()
+
+
+def _headings(markdown: str) -> set[str]:
+    """Hook names that appear in a Markdown heading, with or without backticks."""
+    return set(re.findall(r"^#{2,6} +`?(specd_\w+)`?", markdown, flags=re.MULTILINE))
+
+
+def test_the_hookspecs_are_found():
+    assert "specd_register_drafters" in HOOKSPECS
+
+
+@pytest.mark.parametrize("name", sorted(HOOKSPECS))
+def test_hook_has_a_section_in_plugins_md(name):
+    documented = _headings(PLUGINS_MD.read_text(encoding="utf-8"))
+    assert name in documented, f"docs/plugins.md has no heading for the hook {name}"
+
+
+@pytest.mark.parametrize("name", sorted(HOOKSPECS))
+def test_hook_docstring_describes_params_and_result(name):
+    spec = HOOKSPECS[name]
+    doc = inspect.getdoc(spec.function) or ""
+    assert doc.strip(), f"hookspec {name} has no docstring"
+    for param in spec.argnames:
+        assert f":param {param}:" in doc, (
+            f"hookspec {name} does not describe {param!r} with :param {param}:"
+        )
+    assert ":returns:" in doc, f"hookspec {name} has no :returns: line"
+    if spec.opts.get("firstresult"):
+        assert "Stops at first non-None result" in doc, (
+            f"hookspec {name} is firstresult and must say so"
+        )
+
+
+def test_plugins_md_shows_the_example_module_as_it_is():
+    """The guide walks through the example plugin's module; the two must not drift apart."""
+    markdown = PLUGINS_MD.read_text(encoding="utf-8")
+    blocks = re.findall(r"```python\n(.*?)```", markdown, flags=re.DOTALL)
+    source = EXAMPLE_MODULE.read_text(encoding="utf-8")
+    assert source in blocks, (
+        "docs/plugins.md must quote docs/examples/.../specd_example_drafter.py verbatim"
+    )
+
+
+def _relative_links(markdown: str) -> list[str]:
+    links = re.findall(r"\]\(([^)\s]+)\)", markdown)
+    return [
+        link.split("#")[0]
+        for link in links
+        if not re.match(r"[a-z]+:", link) and not link.startswith("#")
+    ]
+
+
+@pytest.mark.parametrize(
+    "page",
+    ["docs/architecture.md", "docs/plugins.md", "docs/examples/specd-example-drafter/README.md"],
+)
+def test_links_in_the_plugin_docs_resolve(page):
+    path = ROOT / page
+    missing = [
+        link
+        for link in _relative_links(path.read_text(encoding="utf-8"))
+        if not (path.parent / link).exists()
+    ]
+    assert not missing, f"{page} links to missing files: {missing}"

@@ -1,0 +1,177 @@
+"""Greedy speculation is token-identical to plain greedy decoding and to HF generate."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from specd import Draft, Drafter, Engine, SamplingParams, hookimpl
+from specd.registry import get_plugin_manager
+from specd.testing import tiny_target
+
+VOCAB = 48
+
+
+class OracleTreeDrafter(Drafter):
+    """Proposes a random token tree. One branch follows a known continuation with random
+    mistakes; the other branches are random. Exactness must not depend on the draft."""
+
+    name = "test-oracle-tree"
+    reference: list[int] = []
+    rng = random.Random(0)
+
+    def start(self, ctx):
+        self.prompt_len = len(ctx.tokens)
+
+    def propose(self, ctx, budget):
+        done = len(ctx.tokens) - self.prompt_len
+        truth = self.reference[done : done + budget]
+        tokens, parents = [], []
+        parent = -1
+        for t in truth:
+            if len(tokens) >= budget:
+                break
+            tok = t if self.rng.random() < 0.8 else self.rng.randrange(VOCAB)
+            tokens.append(tok)
+            parents.append(parent)
+            parent = len(tokens) - 1
+            if len(tokens) < budget and self.rng.random() < 0.5:  # a random sibling branch
+                tokens.append(self.rng.randrange(VOCAB))
+                parents.append(parents[-1])
+        return Draft(tokens=tokens[:budget], parents=parents[:budget]) if tokens else None
+
+
+class TestPlugin:
+    @hookimpl
+    def specd_register_drafters(self, register):
+        register(OracleTreeDrafter)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _test_plugin():
+    pm = get_plugin_manager()
+    plugin = TestPlugin()
+    pm.register(plugin, name="test-oracle-plugin")
+    yield
+    pm.unregister(plugin)
+
+
+@pytest.fixture(scope="module")
+def engines():
+    return [
+        Engine(tiny_target(VOCAB, seed=s, logit_scale=scale), max_draft=6, exit_policy="fixed")
+        for s, scale in [(0, 1.0), (1, 20.0), (2, 60.0)]
+    ]
+
+
+prompts = st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=40)
+
+
+def hf_greedy(engine: Engine, prompt: list[int], n: int) -> list[int]:
+    model = engine.target.model
+    with torch.inference_mode():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, min_new_tokens=n)
+    return out[0, len(prompt) :].tolist()
+
+
+@given(prompt=prompts, which=st.integers(0, 2), n=st.integers(1, 24), pattern=st.integers(0, 3))
+def test_ngram_greedy_is_identical_to_plain_and_hf(engines, prompt, which, n, pattern):
+    engine = engines[which]
+    if pattern:  # repetitive prompts give the drafter something to copy
+        prompt = (prompt[: pattern * 3] or [1]) * 4
+    params = SamplingParams(max_tokens=n)
+    plain = engine.generate(prompt, params, drafter="none")
+    spec = engine.generate(prompt, params, drafter="ngram")
+    assert spec.token_ids == plain.token_ids
+    assert plain.stats.target_steps == n
+    assert spec.token_ids == hf_greedy(engine, prompt, n)
+
+
+@given(prompt=prompts, which=st.integers(0, 2), n=st.integers(1, 24), seed=st.integers(0, 10**6))
+def test_tree_drafts_are_identical_to_plain(engines, prompt, which, n, seed):
+    engine = engines[which]
+    params = SamplingParams(max_tokens=n)
+    plain = engine.generate(prompt, params, drafter="none")
+    OracleTreeDrafter.reference = plain.token_ids
+    OracleTreeDrafter.rng = random.Random(seed)
+    tree = engine.generate(prompt, params, drafter="test-oracle-tree")
+    assert tree.token_ids == plain.token_ids
+    assert tree.stats.target_steps <= plain.stats.target_steps
+
+
+def test_speculation_accepts_on_repetitive_prompts(engines):
+    engine = engines[2]
+    prompt = list(range(10)) * 6
+    out = engine.generate(prompt, SamplingParams(max_tokens=32), drafter="ngram")
+    plain = engine.generate(prompt, SamplingParams(max_tokens=32), drafter="none")
+    assert out.token_ids == plain.token_ids
+    # the stats are consistent with each other
+    s = out.stats
+    assert s.new_tokens == 32
+    assert s.mean_acceptance_length == pytest.approx(s.new_tokens / s.target_steps)
+    assert s.accepted <= s.drafted
+    assert sum(s.position_accepted) == s.accepted
+
+
+def test_prefix_reuse_gives_the_same_tokens(engines):
+    engine = engines[1]
+    base = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5] * 3
+    cold = Engine(engine.target, max_draft=6).generate(base + [7], SamplingParams(max_tokens=16))
+    engine.generate(base + [8, 8], SamplingParams(max_tokens=16))
+    warm = engine.generate(base + [7], SamplingParams(max_tokens=16))
+    assert warm.stats.reused_tokens >= len(base)
+    assert warm.token_ids == cold.token_ids
+
+
+def test_stop_strings_and_eos():
+    target = tiny_target(VOCAB, seed=1, logit_scale=20.0)
+    engine = Engine(target)
+    free = engine.generate([5, 6, 7], SamplingParams(max_tokens=20))
+    text = free.text
+    stop = text[4:6]
+    cut = engine.generate([5, 6, 7], SamplingParams(max_tokens=20, stop=(stop,)))
+    assert cut.text == text[: text.index(stop)]
+    assert cut.stats.finish_reason == "stop"
+    eos = free.token_ids[3]
+    eos_target = tiny_target(VOCAB, seed=1, logit_scale=20.0, eos_token_id=eos)
+    out = Engine(eos_target).generate([5, 6, 7], SamplingParams(max_tokens=20))
+    assert out.token_ids == free.token_ids[: free.token_ids.index(eos)]
+    assert out.stats.finish_reason == "eos"
+
+
+def test_cancellation_stops_within_one_step():
+    engine = Engine(tiny_target(VOCAB, seed=0), drafter="none")
+    steps = []
+
+    def cancel():
+        steps.append(1)
+        return len(steps) > 3
+
+    out = engine.generate([1, 2, 3], SamplingParams(max_tokens=50), cancel=cancel)
+    assert out.stats.finish_reason == "cancelled"
+    assert out.stats.target_steps == 3
+
+
+def test_time_budget():
+    engine = Engine(tiny_target(VOCAB, seed=0), drafter="none")
+    out = engine.generate([1, 2, 3], SamplingParams(max_tokens=10_000), time_budget_s=0.2)
+    assert out.stats.finish_reason == "time"
+    assert 0 < out.stats.new_tokens < 10_000
+
+
+def test_streaming_concatenates_to_the_text():
+    engine = Engine(tiny_target(VOCAB, seed=3, logit_scale=20.0))
+    gen = engine.stream([1, 2, 3, 1, 2, 3], SamplingParams(max_tokens=30))
+    pieces = list(gen)
+    assert "".join(d.text for d in pieces) == gen.completion.text
+    assert sum((d.token_ids for d in pieces), []) == gen.completion.token_ids
+
+
+def test_same_seed_same_sample():
+    engine = Engine(tiny_target(VOCAB, seed=3), drafter="none")
+    p = SamplingParams(max_tokens=20, temperature=1.0, seed=7)
+    assert engine.generate([1, 2], p).token_ids == engine.generate([1, 2], p).token_ids

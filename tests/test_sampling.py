@@ -1,0 +1,59 @@
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from specd import BadInputError, SamplingParams, warp
+
+logit_vectors = st.lists(st.floats(-20, 20, allow_nan=False), min_size=2, max_size=30)
+
+
+@given(logits=logit_vectors)
+def test_greedy_is_one_hot_at_the_first_argmax(logits):
+    x = torch.tensor(logits)
+    p = warp(x, SamplingParams())
+    assert p.sum() == 1 and p.max() == 1
+    assert int(p.argmax()) == int(x.argmax())
+
+
+@given(logits=logit_vectors, t=st.floats(0.05, 5), k=st.integers(0, 40), top_p=st.floats(0.01, 1.0))
+def test_warp_is_a_distribution_respecting_top_k_and_top_p(logits, t, k, top_p):
+    x = torch.tensor(logits, dtype=torch.float64)
+    p = warp(x, SamplingParams(temperature=t, top_k=k, top_p=top_p))
+    assert torch.isclose(p.sum(), torch.tensor(1.0, dtype=p.dtype), atol=1e-5)
+    support = int((p > 0).sum())
+    if 0 < k < len(logits):
+        # ties at the k-th score may keep more than k
+        kth = torch.topk(x, k).values[-1]
+        assert support <= int((x >= kth).sum())
+    # the kept set under top-p is the smallest prefix reaching top_p (before renormalising)
+    base = warp(x, SamplingParams(temperature=t, top_k=k))
+    kept_mass = float(base[p > 0].sum())
+    assert kept_mass >= top_p - 1e-6 or support == int((base > 0).sum())
+    smallest = float(base[p > 0].min())
+    assert kept_mass - smallest < top_p + 1e-6 or support == 1
+
+
+def test_temperature_matches_softmax():
+    x = torch.tensor([1.0, 2.0, 3.0])
+    p = warp(x, SamplingParams(temperature=0.5))
+    torch.testing.assert_close(p, torch.softmax(x / 0.5, -1))
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"temperature": -1}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"top_k": -2}, "top_k"),
+        ({"top_p": 0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"stop": ("",)}, "stop"),
+    ],
+)
+def test_bad_parameters_name_the_field(kwargs, field):
+    with pytest.raises(BadInputError, match=field):
+        SamplingParams(**kwargs)
