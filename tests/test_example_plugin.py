@@ -78,8 +78,8 @@ def test_specd_plugins_lists_the_installed_example(installed_example):
 
 
 @pytest.mark.skipif(
-    importlib.util.find_spec("specd.conformance") is None,
-    reason="specd.conformance (the `specd verify` command) is not part of this checkout yet",
+    importlib.util.find_spec("specd.conformance.command") is None,
+    reason="`specd verify` (specd.conformance.command) is not part of this checkout yet",
 )
 def test_specd_verify_passes_the_installed_example(installed_example):
     done = _specd("verify", "--drafter", DRAFTER, timeout=900)
