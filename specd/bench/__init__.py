@@ -1,0 +1,8 @@
+"""``specd bench``: workloads, baselines measured in the same run, and the report.
+
+- :mod:`~specd.bench.workloads` builds the prompts (editor, humaneval, edit, random);
+- :mod:`~specd.bench.configs` names the configurations (Hugging Face baselines, specd);
+- :mod:`~specd.bench.runners` runs one configuration on one prompt and times it;
+- :mod:`~specd.bench.harness` interleaves them and adds the floor, prefix-cache and RSS checks;
+- :mod:`~specd.bench.report` turns runs into the JSON report, a markdown table and plots.
+"""

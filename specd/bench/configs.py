@@ -79,7 +79,9 @@ _SPECD_RE = re.compile(r"^specd-(?P<drafter>.+)-(?P<policy>[a-z_]+)-k(?P<k>\d+)$
 _PL_RE = re.compile(r"^hf-prompt-lookup(?:-(?P<n>\d+))?$")
 
 
-def parse(name: str, *, draft_model: str | None = None, draft_options: dict[str, Any] | None = None) -> Config:
+def parse(
+    name: str, *, draft_model: str | None = None, draft_options: dict[str, Any] | None = None
+) -> Config:
     """A configuration from its name (see the module docstring).
 
     :raises BadInputError: malformed name, unknown drafter or exit policy, or a
@@ -114,7 +116,9 @@ def parse(name: str, *, draft_model: str | None = None, draft_options: dict[str,
         if draft_model is None:
             raise BadInputError(f"configuration {name!r} needs --draft-model")
         options = {"model": draft_model, **(draft_options or {})}
-    return Config(name, "specd", drafter=drafter, exit_policy=policy, max_draft=k, drafter_options=options)
+    return Config(
+        name, "specd", drafter=drafter, exit_policy=policy, max_draft=k, drafter_options=options
+    )
 
 
 def default_names(*, draft_model: str | None = None) -> tuple[list[str], list[dict[str, str]]]:
@@ -131,9 +135,13 @@ def default_names(*, draft_model: str | None = None) -> tuple[list[str], list[di
     for drafter in MODEL_DRAFTERS:
         wanted = [f"specd-{drafter}-fixed-k4", f"specd-{drafter}-adaptive-k8"]
         if drafter not in installed:
-            skipped += [{"config": n, "reason": f"the {drafter} plugin is not installed"} for n in wanted]
+            skipped += [
+                {"config": n, "reason": f"the {drafter} plugin is not installed"} for n in wanted
+            ]
         elif draft_model is None:
-            skipped += [{"config": n, "reason": "no draft model (pass --draft-model)"} for n in wanted]
+            skipped += [
+                {"config": n, "reason": "no draft model (pass --draft-model)"} for n in wanted
+            ]
         else:
             names += wanted
     if draft_model is not None:
@@ -144,7 +152,10 @@ def default_names(*, draft_model: str | None = None) -> tuple[list[str], list[di
 
 
 def resolve(
-    requested: list[str] | None, *, draft_model: str | None = None, draft_options: dict[str, Any] | None = None
+    requested: list[str] | None,
+    *,
+    draft_model: str | None = None,
+    draft_options: dict[str, Any] | None = None,
 ) -> tuple[list[Config], list[dict[str, str]]]:
     """Parse the requested names (default: :func:`default_names`), adding the references.
 

@@ -44,7 +44,9 @@ def ttft(engine: Engine, ids: list[int]) -> tuple[float, int]:
         if delta.token_ids and first is None:
             first = time.perf_counter() - t
     assert gen.completion is not None
-    return (first if first is not None else time.perf_counter() - t), gen.completion.stats.reused_tokens
+    return (
+        first if first is not None else time.perf_counter() - t
+    ), gen.completion.stats.reused_tokens
 
 
 def measure(target: Target, prompts: list[Prompt], *, progress=None) -> dict[str, Any] | None:

@@ -67,7 +67,9 @@ class Runner:
         (Linux ``/proc/self/clear_refs``), so each run reports its own peak.
     """
 
-    def __init__(self, target: Target, *, draft_lm: torch.nn.Module | None = None, track_rss: bool = False) -> None:
+    def __init__(
+        self, target: Target, *, draft_lm: torch.nn.Module | None = None, track_rss: bool = False
+    ) -> None:
         self.target = target
         self.draft_lm = draft_lm
         self.track_rss = track_rss and _can_reset_peak_rss()
@@ -83,7 +85,9 @@ class Runner:
                 drafter=cfg.drafter or "none",
                 exit_policy=cfg.exit_policy or "adaptive",
                 max_draft=cfg.max_draft,
-                drafter_options={cfg.drafter: dict(cfg.drafter_options)} if cfg.drafter_options else None,
+                drafter_options={cfg.drafter: dict(cfg.drafter_options)}
+                if cfg.drafter_options
+                else None,
                 prefix_cache_entries=1,
             )
         return self._engines[cfg.name]

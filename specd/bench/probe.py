@@ -1,0 +1,129 @@
+"""Peak RSS of one configuration, measured in a fresh process.
+
+Run as ``python -m specd.bench.probe`` with a JSON job on stdin; prints one JSON line:
+``base_rss_mb`` (interpreter and libraries imported), ``loaded_rss_mb`` (model loaded, its
+weights paged in) and ``peak_rss_mb`` (the process's high-water mark after running the
+configuration on the job's prompts).
+
+A fresh process per configuration is the only way to give each configuration its own peak:
+in one long-lived process the allocator keeps memory freed by earlier configurations, and
+the model, the libraries and every engine built so far are counted for whichever runs last.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+#: Environment for the probe process: the same offline, quiet settings as the CLI.
+PROBE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_VERBOSITY": "error",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+@dataclass
+class TargetSpec:
+    """How to load the target: a model (as ``--model`` takes it) or, for tests, a factory
+    ``"module:function"`` returning a :class:`specd.Target`."""
+
+    model: str | None = None
+    dtype: str | None = None
+    device: str | None = None
+    trust_remote_code: bool = False
+    factory: str | None = None
+    factory_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def load(self):
+        if self.factory:
+            import importlib
+
+            module, _, fn = self.factory.partition(":")
+            return getattr(importlib.import_module(module), fn)(**self.factory_kwargs)
+        from .. import models
+        from ..target import Target
+
+        name = self.model or models.DEFAULT_MODEL
+        lm, tok = models.load(
+            name, dtype=self.dtype, device=self.device, trust_remote_code=self.trust_remote_code
+        )
+        return Target(lm, tok, name=name)
+
+    def load_draft(self, draft_model: str):
+        """The draft model for ``hf-assisted``, on the target's device and dtype."""
+        from .. import models
+
+        lm, _ = models.load(
+            draft_model,
+            dtype=self.dtype,
+            device=self.device,
+            trust_remote_code=self.trust_remote_code,
+        )
+        return lm
+
+
+def job(
+    spec: TargetSpec,
+    config: str,
+    prompts: list,
+    *,
+    threads: int | None,
+    draft_model: str | None,
+    draft_options: dict,
+) -> dict:
+    return {
+        "target": asdict(spec),
+        "config": config,
+        "prompts": [{"name": p.name, "ids": p.ids, "max_tokens": p.max_tokens} for p in prompts],
+        "threads": threads,
+        "draft_model": draft_model,
+        "draft_options": draft_options,
+    }
+
+
+def main() -> int:
+    from .runners import current_rss_kb, peak_rss_kb
+
+    spec_in = json.loads(sys.stdin.read())
+    import torch
+
+    if spec_in.get("threads"):
+        torch.set_num_threads(int(spec_in["threads"]))
+    from . import configs
+    from .runners import Runner
+    from .workloads import Prompt
+
+    base = current_rss_kb()
+    spec = TargetSpec(**spec_in["target"])
+    target = spec.load()
+    cfg = configs.parse(
+        spec_in["config"],
+        draft_model=spec_in.get("draft_model"),
+        draft_options=spec_in.get("draft_options"),
+    )
+    draft_lm = spec.load_draft(spec_in["draft_model"]) if cfg.assisted else None
+    # Page the weights in, so "loaded" means resident, not just mapped.
+    with torch.inference_mode():
+        for p in target.model.parameters():
+            p.sum()
+    loaded = current_rss_kb()
+    runner = Runner(target, draft_lm=draft_lm)
+    for p in spec_in["prompts"]:
+        runner.run(cfg, Prompt(p["name"], p["ids"], p["max_tokens"]))
+    print(
+        json.dumps(
+            {
+                "base_rss_mb": base / 1024,
+                "loaded_rss_mb": loaded / 1024,
+                "peak_rss_mb": peak_rss_kb() / 1024,
+            }
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
