@@ -16,7 +16,9 @@ class GreedyVerifier(Verifier):
     name = "greedy"
     exact_for = frozenset({"greedy"})
 
-    def verify(self, draft: Draft, p: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> Verdict:
+    def verify(
+        self, draft: Draft, p: torch.Tensor, params: SamplingParams, generator: torch.Generator
+    ) -> Verdict:
         choice = p.argmax(dim=-1).tolist()  # [N + 1]: the target's token at each row
         path: list[int] = []
         node = -1

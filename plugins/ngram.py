@@ -19,7 +19,9 @@ class NgramDrafter(Drafter):
 
     name = "ngram"
 
-    def __init__(self, min_n: int = 1, max_n: int = 4, max_draft: int = 16, use_corpus: bool = True) -> None:
+    def __init__(
+        self, min_n: int = 1, max_n: int = 4, max_draft: int = 16, use_corpus: bool = True
+    ) -> None:
         self.min_n = int(min_n)
         self.max_n = int(max_n)
         self.max_draft = int(max_draft)

@@ -36,20 +36,50 @@ class _Parser(argparse.ArgumentParser):
 def add_model_args(p: argparse.ArgumentParser) -> None:
     """Options every command that loads a model takes."""
     g = p.add_argument_group("model")
-    g.add_argument("--model", default=None, help="alias (default: smollm2-135m), local HF directory, or cached hub id")
-    g.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default: float32 on CPU, bfloat16 on CUDA)")
-    g.add_argument("--device", default=None, help="cpu | cuda[:N] | mps (default: the best available)")
-    g.add_argument("--trust-remote-code", action="store_true", help="allow model code from the model directory (off by default)")
+    g.add_argument(
+        "--model",
+        default=None,
+        help="alias (default: smollm2-135m), local HF directory, or cached hub id",
+    )
+    g.add_argument(
+        "--dtype",
+        default=None,
+        help="float32 | bfloat16 | float16 (default: float32 on CPU, bfloat16 on CUDA)",
+    )
+    g.add_argument(
+        "--device", default=None, help="cpu | cuda[:N] | mps (default: the best available)"
+    )
+    g.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="allow model code from the model directory (off by default)",
+    )
 
 
 def add_decoding_args(p: argparse.ArgumentParser) -> None:
     """Options that choose drafter, verifier, policy and sampling."""
     g = p.add_argument_group("decoding")
-    g.add_argument("--drafter", default="ngram", help="drafter name, or 'none' for plain decoding (default: ngram)")
-    g.add_argument("--drafter-option", action="append", default=[], metavar="KEY=VALUE", help="drafter constructor option (repeatable)")
-    g.add_argument("--verifier", default=None, help="verifier name (default: greedy at temperature 0, else rejection)")
+    g.add_argument(
+        "--drafter",
+        default="ngram",
+        help="drafter name, or 'none' for plain decoding (default: ngram)",
+    )
+    g.add_argument(
+        "--drafter-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="drafter constructor option (repeatable)",
+    )
+    g.add_argument(
+        "--verifier",
+        default=None,
+        help="verifier name (default: greedy at temperature 0, else rejection)",
+    )
     g.add_argument("--exit-policy", default="adaptive", help="exit policy name (default: adaptive)")
-    g.add_argument("--max-draft", type=int, default=8, help="most draft tokens per step (default: 8)")
+    g.add_argument(
+        "--max-draft", type=int, default=8, help="most draft tokens per step (default: 8)"
+    )
     g.add_argument("--max-tokens", type=int, default=64)
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--top-k", type=int, default=0)
@@ -155,10 +185,21 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("generate", help="generate a completion for a prompt", description="Generate a completion, streaming it to stdout.")
-    p.add_argument("prompt", nargs="?", default=None, help="prompt text (appended to --file when both are given)")
+    p = sub.add_parser(
+        "generate",
+        help="generate a completion for a prompt",
+        description="Generate a completion, streaming it to stdout.",
+    )
+    p.add_argument(
+        "prompt",
+        nargs="?",
+        default=None,
+        help="prompt text (appended to --file when both are given)",
+    )
     p.add_argument("--file", default=None, help="read the prompt from this file")
-    p.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
+    p.add_argument(
+        "--json", action="store_true", help="print one JSON object: text, token_ids, stats"
+    )
     add_model_args(p)
     add_decoding_args(p)
     p.set_defaults(func=cmd_generate)
@@ -169,8 +210,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="specd", description="Exact speculative decoding for fast local code completion.")
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (repeatable)")
+    parser = _Parser(
+        prog="specd", description="Exact speculative decoding for fast local code completion."
+    )
+    parser.add_argument(
+        "-v", "--verbose", action="count", default=0, help="more logging (repeatable)"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     for name in COMMAND_MODULES:

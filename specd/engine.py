@@ -21,6 +21,7 @@ from . import registry
 from .api import DraftContext, Drafter, ExitPolicy, Verifier
 from .draft import Draft, Verdict
 from .errors import BadInputError, PluginError
+from .isolation import PluginFailed, PluginGuard
 from .ngram_index import Corpus
 from .prefix_cache import PrefixCache
 from .sampling import SamplingParams, make_generator, sample, warp
@@ -61,13 +62,6 @@ class Request:
     cancel: Callable[[], bool] | None = None
     deadline: float | None = None  # time.monotonic() value
     corpus: Corpus | None = None
-
-
-@dataclass
-class _PluginHealth:
-    failures: int = 0
-    disabled: bool = False
-    logged: bool = False
 
 
 class Generation:
@@ -114,6 +108,8 @@ class Engine:
     :param prefix_cache_entries: how many sequences' KV caches to keep between requests.
     :param prefix_cache_bytes: cap on their total size (None: no cap beyond the count).
     :param plugin_failure_limit: failures after which a plugin is disabled for the session.
+    :param plugin_timeout_s: the longest one plugin call may take (None: no limit); a call
+        that overruns it disables the plugin for the session.
     """
 
     def __init__(
@@ -128,6 +124,7 @@ class Engine:
         prefix_cache_entries: int = 4,
         prefix_cache_bytes: int | None = None,
         plugin_failure_limit: int = 3,
+        plugin_timeout_s: float | None = 5.0,
     ) -> None:
         if max_draft < 0:
             raise BadInputError(f"max_draft must be >= 0, got {max_draft}")
@@ -141,11 +138,10 @@ class Engine:
         self.prefix_cache = PrefixCache(
             target.new_cache, max_entries=prefix_cache_entries, max_bytes=prefix_cache_bytes
         )
-        self.plugin_failure_limit = plugin_failure_limit
+        self.guard = PluginGuard(failure_limit=plugin_failure_limit, timeout_s=plugin_timeout_s)
         self.corpus: Corpus | None = None
         self._drafters: dict[str, Drafter] = {}
         self._verifiers: dict[str, Verifier] = {}
-        self._health: dict[str, _PluginHealth] = {}
         self._lock = threading.Lock()
         # Validate the defaults now so a bad name fails at start, not at the first request.
         self._check_names(drafter, verifier, exit_policy)
@@ -172,7 +168,9 @@ class Engine:
     def tokenize(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    def generate(self, prompt: str | Sequence[int], params: SamplingParams | None = None, **kw: Any) -> Completion:
+    def generate(
+        self, prompt: str | Sequence[int], params: SamplingParams | None = None, **kw: Any
+    ) -> Completion:
         """Generate to the end. Keyword arguments are those of :meth:`stream`."""
         return self.stream(prompt, params, **kw).result()
 
@@ -206,7 +204,9 @@ class Engine:
             ids = self._empty_prompt_ids()
         bad = [t for t in ids if not 0 <= t < self.target.vocab_size]
         if bad:
-            raise BadInputError(f"prompt token ids out of range [0, {self.target.vocab_size}): {bad[:5]}")
+            raise BadInputError(
+                f"prompt token ids out of range [0, {self.target.vocab_size}): {bad[:5]}"
+            )
         if isinstance(cancel, threading.Event):
             cancel = cancel.is_set
         d = drafter or self.default_drafter
@@ -230,7 +230,8 @@ class Engine:
         return gen
 
     def plugin_health(self) -> dict[str, dict[str, Any]]:
-        return {k: {"failures": h.failures, "disabled": h.disabled} for k, h in self._health.items()}
+        """Calls, failures and disabled state per plugin since the engine started."""
+        return self.guard.snapshot()
 
     # -- validation ---------------------------------------------------------------------
 
@@ -256,13 +257,17 @@ class Engine:
             raise BadInputError(
                 f"verifier {verifier!r} is not exact for {mode} decoding "
                 f"(temperature={params.temperature}); "
-                + ("use a sampling verifier such as 'rejection', or --drafter none" if mode == "sampled" else "use 'greedy'")
+                + (
+                    "use a sampling verifier such as 'rejection', or --drafter none"
+                    if mode == "sampled"
+                    else "use 'greedy'"
+                )
             )
 
-    # -- plugin instances and isolation -------------------------------------------------
+    # -- plugin instances -----------------------------------------------------------------
 
     def _drafter(self, name: str) -> Drafter | None:
-        if name == NO_DRAFTER or self._health.get(f"drafter:{name}", _PluginHealth()).disabled:
+        if name == NO_DRAFTER or self.guard.disabled(f"drafter:{name}"):
             return None
         if name not in self._drafters:
             self._drafters[name] = registry.make("drafters", name, self.drafter_options.get(name))
@@ -272,17 +277,6 @@ class Engine:
         if name not in self._verifiers:
             self._verifiers[name] = registry.make("verifiers", name)
         return self._verifiers[name]
-
-    def _failed(self, key: str, exc: BaseException) -> None:
-        """Record a plugin failure: log it once with its traceback, disable after the limit."""
-        health = self._health.setdefault(key, _PluginHealth())
-        health.failures += 1
-        if not health.logged:
-            health.logged = True
-            log.error("plugin %s failed; this request falls back to plain decoding", key, exc_info=exc)
-        if health.failures >= self.plugin_failure_limit and not health.disabled:
-            health.disabled = True
-            log.error("plugin %s disabled for this session after %d failures", key, health.failures)
 
     # -- the decode loop ----------------------------------------------------------------
 
@@ -303,11 +297,7 @@ class Engine:
         stats.prefill_s = time.perf_counter() - t_start
         pending = req.prompt[-1]
 
-        drafter = self._drafter(req.drafter)
-        drafter_key = f"drafter:{req.drafter}"
-        verifier = self._verifier(req.verifier) if drafter is not None else None
-        policy: ExitPolicy = registry.make("exit_policies", req.exit_policy)
-        policy_key = f"exit_policy:{req.exit_policy}"
+        spec = _Speculation(self, req, stats)
         ctx = DraftContext(
             tokens=list(req.prompt),
             params=params,
@@ -315,18 +305,10 @@ class Engine:
             vocab_size=self.target.vocab_size,
             target=self.target,
             corpus=req.corpus,
-            exit_policy=policy,
+            exit_policy=spec.policy,
         )
         try:
-            if drafter is not None:
-                try:
-                    policy.start(self.max_draft)
-                    drafter.start(ctx)
-                except Exception as exc:  # noqa: BLE001 - a plugin must not fail the request
-                    self._failed(drafter_key, exc)
-                    stats.fallback = f"{drafter_key} raised in start"
-                    drafter = None
-
+            spec.start(ctx)
             finish = ""
             while not finish:
                 if req.cancel is not None and req.cancel():
@@ -337,32 +319,11 @@ class Engine:
                     break
                 t_step = time.perf_counter()
                 remaining = params.max_tokens - len(out_ids)
-                budget = 0
-                if drafter is not None:
-                    try:
-                        budget = min(self.max_draft, remaining - 1, max(int(policy.draft_budget()), 0))
-                    except Exception as exc:  # noqa: BLE001
-                        self._failed(policy_key, exc)
-                        stats.fallback = f"{policy_key} raised in draft_budget"
-                        drafter = None
-
-                draft = None
-                if drafter is not None and budget > 0:
-                    try:
-                        draft = self.draft_step(drafter, ctx, budget)
-                    except Exception as exc:  # noqa: BLE001
-                        self._failed(drafter_key, exc)
-                        stats.fallback = f"{drafter_key} raised in propose"
-                        drafter, draft = None, None
+                draft = spec.draft_step(ctx, min(self.max_draft, remaining - 1))
                 t_drafted = time.perf_counter()
                 stats.draft_s += t_drafted - t_step
 
-                want_hidden = drafter is not None and drafter.wants_hidden
-                step = self.verify_step(cache, pending, draft, verifier, params, generator, want_hidden=want_hidden, ctx=ctx)
-                if step is None:  # the verifier failed: drop the draft, continue plainly
-                    stats.fallback = f"verifier:{req.verifier} failed"
-                    drafter = None
-                    continue
+                step = self.verify_step(cache, pending, draft, spec, params, generator, ctx)
                 stats.verify_s += time.perf_counter() - t_drafted
 
                 new = step.new_tokens
@@ -370,16 +331,12 @@ class Engine:
                 n_accepted = len(step.verdict.path)
                 depth = max(draft.depths()) if draft is not None else 0
                 stats.record_step(n_drafted, depth, n_accepted)
-                try:
-                    policy.observe(n_drafted, n_accepted)
-                except Exception as exc:  # noqa: BLE001
-                    self._failed(policy_key, exc)
-                    stats.fallback = f"{policy_key} raised in observe"
-                    drafter = None
                 pending = new[-1]
+                ctx.tokens.extend(new)
+                spec.commit(ctx, new, n_drafted, n_accepted)
 
-                # EOS and max_tokens cut the step's tokens; the cache already holds them,
-                # which is harmless: the prefix cache records what it holds.
+                # EOS and max_tokens cut what is emitted; the cache may hold a little more,
+                # which is harmless: the prefix cache records exactly what it holds.
                 emit = new
                 for i, t in enumerate(emit):
                     if t in self.target.eos_token_ids:
@@ -388,16 +345,6 @@ class Engine:
                 if len(out_ids) + len(emit) >= params.max_tokens:
                     emit = emit[: params.max_tokens - len(out_ids)]
                     finish = finish or "length"
-
-                ctx.tokens.extend(new)
-                if drafter is not None:
-                    try:
-                        drafter.commit(ctx, new, n_accepted)
-                    except Exception as exc:  # noqa: BLE001
-                        self._failed(drafter_key, exc)
-                        stats.fallback = f"{drafter_key} raised in commit"
-                        drafter = None
-
                 piece, kept = text.push(emit)
                 emit = emit[:kept]
                 if text.stopped:
@@ -414,11 +361,7 @@ class Engine:
                 yield Delta(tail, [])
             stats.finish_reason = finish
         finally:
-            if drafter is not None:
-                try:
-                    drafter.finish(ctx)
-                except Exception as exc:  # noqa: BLE001
-                    self._failed(drafter_key, exc)
+            spec.finish(ctx)
             # The cache holds every committed token but the pending one.
             self.prefix_cache.release(cache, ctx.tokens[:-1])
         stats.total_s = time.perf_counter() - t_start
@@ -441,56 +384,149 @@ class Engine:
             raise
         return cache, reused
 
-    def draft_step(self, drafter: Drafter, ctx: DraftContext, budget: int) -> Draft | None:
-        """Ask the drafter for at most ``budget`` nodes; reject malformed drafts."""
-        draft = drafter.propose(ctx, budget)
-        if draft is None or len(draft) == 0:
-            return None
-        _check_draft(draft, budget, self.target.vocab_size)
-        return draft
-
     def verify_step(
         self,
         cache,
         pending: int,
         draft: Draft | None,
-        verifier: Verifier | None,
+        spec: _Speculation,
         params: SamplingParams,
         generator: torch.Generator,
-        *,
-        want_hidden: bool = False,
-        ctx: DraftContext | None = None,
-    ) -> _Step | None:
+        ctx: DraftContext,
+    ) -> _Step:
         """One target forward over ``[pending, draft...]``, the verifier's decision, and the
-        cache commit/rollback. :returns: the step, or None when the verifier failed (the
-        cache is then rolled back to where it was)."""
+        cache commit/rollback. A failed verifier costs only its draft: the target's own
+        token at the root is taken instead."""
         base = cache.length
         tokens = [pending]
         parents = None
         if draft is not None:
             tokens += draft.tokens
             parents = [-1] + [p + 1 if p >= 0 else 0 for p in draft.parents]
-        out = self.target.forward(cache, tokens, parents, hidden=want_hidden)
+        out = self.target.forward(cache, tokens, parents, hidden=spec.wants_hidden)
         # logits: [1 + N, V] -> p: the target's distributions at the root and after each node
         p = warp(out.logits, params)
-        if draft is None:
+        verdict = spec.verify(draft, p, generator) if draft is not None else None
+        if verdict is None:
             verdict = Verdict(path=[], token=_choose(p[0], params, generator))
-        else:
-            assert verifier is not None
-            try:
-                verdict = verifier.verify(draft, p, params, generator)
-                _check_verdict(verdict, draft, self.target.vocab_size)
-            except Exception as exc:  # noqa: BLE001 - fall back to the target's own choice
-                cache.crop(base)
-                self._failed(f"verifier:{verifier.name}", exc)
-                return None
         # Commit: keep the pending token and the accepted path; roll back the rest.
         cache.keep(base, [base] + [base + 1 + i for i in verdict.path])
-        if want_hidden and ctx is not None and out.hidden is not None:
+        if spec.wants_hidden and out.hidden is not None:
             ctx.hidden = out.hidden[[0] + [1 + i for i in verdict.path]]
         new = [draft.tokens[i] for i in verdict.path] if draft is not None else []
         new.append(verdict.token)
         return _Step(draft=draft, verdict=verdict, new_tokens=new)
+
+
+class _Speculation:
+    """The plugins serving one request, each call isolated by the engine's guard. When one
+    fails, the request goes on with plain decoding."""
+
+    def __init__(self, engine: Engine, req: Request, stats: Stats) -> None:
+        self.engine = engine
+        self.guard = engine.guard
+        self.stats = stats
+        self.params = req.params
+        self.drafter_key = f"drafter:{req.drafter}"
+        self.verifier_key = f"verifier:{req.verifier}"
+        self.policy_key = f"exit_policy:{req.exit_policy}"
+        self.drafter = engine._drafter(req.drafter)
+        if req.drafter != NO_DRAFTER and self.drafter is None:
+            stats.fallback = f"{self.drafter_key} is disabled"
+        self.verifier = engine._verifier(req.verifier) if self.drafter is not None else None
+        self.policy: ExitPolicy = registry.make("exit_policies", req.exit_policy)
+        self.deadline = req.deadline
+
+    @property
+    def wants_hidden(self) -> bool:
+        return self.drafter is not None and self.drafter.wants_hidden
+
+    def _timeout(self) -> float | None:
+        limit = self.guard.timeout_s
+        if self.deadline is not None:
+            left = max(self.deadline - time.monotonic(), 0.0)
+            limit = left if limit is None else min(limit, left)
+        return limit
+
+    def _give_up(self, why: str) -> None:
+        self.stats.fallback = self.stats.fallback or why
+        self.drafter = None
+        self.verifier = None
+
+    def start(self, ctx: DraftContext) -> None:
+        if self.drafter is None:
+            return
+        try:
+            self.guard.call(
+                self.policy_key, self.policy.start, self.engine.max_draft, timeout_s=None
+            )
+            self.guard.call(self.drafter_key, self.drafter.start, ctx, timeout_s=self._timeout())
+        except PluginFailed as e:
+            self._give_up(str(e))
+
+    def draft_step(self, ctx: DraftContext, limit: int) -> Draft | None:
+        """Ask the policy for a budget and the drafter for at most that many nodes."""
+        if self.drafter is None or limit <= 0:
+            return None
+        drafter = self.drafter
+        vocab = self.engine.target.vocab_size
+        try:
+            budget = min(
+                limit,
+                max(
+                    int(self.guard.call(self.policy_key, self.policy.draft_budget, timeout_s=None)),
+                    0,
+                ),
+            )
+            if budget <= 0:
+                return None
+
+            def propose() -> Draft | None:
+                draft = drafter.propose(ctx, budget)
+                if draft is None or len(draft) == 0:
+                    return None
+                _check_draft(draft, budget, vocab)
+                return draft
+
+            return self.guard.call(self.drafter_key, propose, timeout_s=self._timeout())
+        except PluginFailed as e:
+            self._give_up(str(e))
+            return None
+
+    def verify(self, draft: Draft, p: torch.Tensor, generator: torch.Generator) -> Verdict | None:
+        verifier = self.verifier
+        if verifier is None:
+            return None
+
+        def run() -> Verdict:
+            verdict = verifier.verify(draft, p, self.params, generator)
+            _check_verdict(verdict, draft, p.shape[-1])
+            return verdict
+
+        try:
+            return self.guard.call(self.verifier_key, run, timeout_s=self._timeout())
+        except PluginFailed as e:
+            self._give_up(str(e))
+            return None
+
+    def commit(self, ctx: DraftContext, new: list[int], drafted: int, accepted: int) -> None:
+        if self.drafter is None:
+            return
+        try:
+            self.guard.call(self.policy_key, self.policy.observe, drafted, accepted, timeout_s=None)
+            self.guard.call(
+                self.drafter_key, self.drafter.commit, ctx, new, accepted, timeout_s=self._timeout()
+            )
+        except PluginFailed as e:
+            self._give_up(str(e))
+
+    def finish(self, ctx: DraftContext) -> None:
+        if self.drafter is None:
+            return
+        try:
+            self.guard.call(self.drafter_key, self.drafter.finish, ctx, timeout_s=self._timeout())
+        except PluginFailed:
+            pass
 
 
 def _choose(p: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
@@ -508,7 +544,9 @@ def _check_draft(draft: Draft, budget: int, vocab: int) -> None:
         raise PluginError("draft tokens and parents differ in length")
     for i, (t, par) in enumerate(zip(draft.tokens, draft.parents)):
         if not isinstance(t, int) or not 0 <= t < vocab:
-            raise PluginError(f"draft token {t!r} at node {i} is outside the vocabulary [0, {vocab})")
+            raise PluginError(
+                f"draft token {t!r} at node {i} is outside the vocabulary [0, {vocab})"
+            )
         if not -1 <= par < i:
             raise PluginError(f"draft node {i} has parent {par}; parents must precede children")
     if draft.q is not None:
@@ -525,7 +563,9 @@ def _check_verdict(verdict: Verdict, draft: Draft, vocab: int) -> None:
     prev = -1
     for node in verdict.path:
         if not 0 <= node < len(draft) or draft.parents[node] != prev:
-            raise PluginError(f"verifier returned a path {verdict.path} that is not a root path of the draft")
+            raise PluginError(
+                f"verifier returned a path {verdict.path} that is not a root path of the draft"
+            )
         prev = node
     if not 0 <= verdict.token < vocab:
         raise PluginError(f"verifier returned token {verdict.token} outside the vocabulary")

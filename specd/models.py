@@ -38,7 +38,12 @@ ALIASES: dict[str, GGUFSource] = {
     ),
 }
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float64": torch.float64,
+}
 
 
 def cache_dir() -> Path:
@@ -118,7 +123,9 @@ def converted_dir(alias: str) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+    )
     # A model loaded from GGUF is marked quantized and refuses to save; the weights are
     # already dequantised, so drop the marker.
     model.hf_quantizer = None
@@ -141,7 +148,9 @@ def resolve(model: str) -> Path | str:
     path = Path(model).expanduser()
     if path.exists():
         if not (path / "config.json").is_file():
-            raise ModelNotFoundError(f"{path} is not a Hugging Face model directory (no config.json)")
+            raise ModelNotFoundError(
+                f"{path} is not a Hugging Face model directory (no config.json)"
+            )
         return path.resolve()
     if "/" in model and not model.startswith((".", "/")):
         try:
@@ -154,7 +163,9 @@ def resolve(model: str) -> Path | str:
                 f"downloaded at run time; download it first, or pass a local directory"
             ) from e
     known = ", ".join(ALIASES)
-    raise ModelNotFoundError(f"unknown model {model!r}: not an alias ({known}) nor an existing directory")
+    raise ModelNotFoundError(
+        f"unknown model {model!r}: not an alias ({known}) nor an existing directory"
+    )
 
 
 def load(
@@ -171,7 +182,9 @@ def load(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    tok = AutoTokenizer.from_pretrained(where, trust_remote_code=trust_remote_code, local_files_only=True)
+    tok = AutoTokenizer.from_pretrained(
+        where, trust_remote_code=trust_remote_code, local_files_only=True
+    )
     lm = AutoModelForCausalLM.from_pretrained(
         where, dtype=torch_dtype, trust_remote_code=trust_remote_code, local_files_only=True
     )

@@ -96,7 +96,9 @@ def _lookup(kind: str, name: str) -> type:
     infos = registered(kind)
     if name not in infos:
         known = ", ".join(sorted(infos)) or "none installed"
-        singular = {"drafters": "drafter", "verifiers": "verifier", "exit_policies": "exit policy"}[kind]
+        singular = {"drafters": "drafter", "verifiers": "verifier", "exit_policies": "exit policy"}[
+            kind
+        ]
         raise UnknownPluginError(f"unknown {singular} {name!r} (installed: {known})")
     return infos[name].cls
 

@@ -37,7 +37,9 @@ class Target:
         self.device = params.device
         self.dtype = params.dtype
         out_emb = model.get_output_embeddings()
-        self.vocab_size = int(out_emb.weight.shape[0]) if out_emb is not None else int(self.config.vocab_size)
+        self.vocab_size = (
+            int(out_emb.weight.shape[0]) if out_emb is not None else int(self.config.vocab_size)
+        )
         text_cfg = self.config.get_text_config(decoder=True)
         self.num_layers = int(text_cfg.num_hidden_layers)
         self.eos_token_ids = _eos_ids(model, tokenizer)

@@ -15,7 +15,9 @@ class CharTokenizer:
     ``eos_token_id`` is None unless given, so random models do not stop early.
     """
 
-    def __init__(self, vocab_size: int, eos_token_id: int | None = None, bos_token_id: int | None = 0) -> None:
+    def __init__(
+        self, vocab_size: int, eos_token_id: int | None = None, bos_token_id: int | None = 0
+    ) -> None:
         self.vocab_size = vocab_size
         self.eos_token_id = eos_token_id
         self.bos_token_id = bos_token_id
@@ -27,7 +29,9 @@ class CharTokenizer:
         return [ord(c) - 32 for c in text if 0 <= ord(c) - 32 < self.vocab_size]
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        return "".join(chr(32 + int(i)) for i in ids if not (skip_special_tokens and i == self.eos_token_id))
+        return "".join(
+            chr(32 + int(i)) for i in ids if not (skip_special_tokens and i == self.eos_token_id)
+        )
 
 
 def tiny_model(

@@ -25,7 +25,9 @@ STATS_FIELDS = {
 
 
 def specd(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "specd.cli", *args], capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "specd.cli", *args], capture_output=True, text=True, timeout=300
+    )
 
 
 @pytest.mark.slow

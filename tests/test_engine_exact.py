@@ -74,7 +74,9 @@ prompts = st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=40)
 def hf_greedy(engine: Engine, prompt: list[int], n: int) -> list[int]:
     model = engine.target.model
     with torch.inference_mode():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, min_new_tokens=n)
+        out = model.generate(
+            torch.tensor([prompt]), max_new_tokens=n, do_sample=False, min_new_tokens=n
+        )
     return out[0, len(prompt) :].tolist()
 
 

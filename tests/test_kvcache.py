@@ -17,7 +17,11 @@ ops = st.lists(
     st.one_of(
         st.tuples(st.just("append"), st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=6)),
         st.tuples(st.just("rollback"), st.integers(0, 8)),
-        st.tuples(st.just("tree"), st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=6), st.randoms(use_true_random=False)),
+        st.tuples(
+            st.just("tree"),
+            st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=6),
+            st.randoms(use_true_random=False),
+        ),
     ),
     min_size=1,
     max_size=12,
@@ -94,7 +98,9 @@ def test_prefix_cache_drops_an_inconsistent_cache():
 def test_prefix_cache_byte_cap():
     one = TARGET.new_cache(capacity=64)
     TARGET.prefill(one, [1])
-    pc = PrefixCache(lambda: TARGET.new_cache(capacity=64), max_entries=10, max_bytes=one.nbytes() * 2)
+    pc = PrefixCache(
+        lambda: TARGET.new_cache(capacity=64), max_entries=10, max_bytes=one.nbytes() * 2
+    )
     for i in range(5):
         c, _ = pc.acquire([i + 1])
         TARGET.prefill(c, [i + 1])

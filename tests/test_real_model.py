@@ -12,7 +12,7 @@ from specd import SamplingParams
 
 pytestmark = pytest.mark.slow
 
-REPETITIVE = '''class Vector:
+REPETITIVE = """class Vector:
     def __init__(self, x, y, z):
         self.x = x
         self.y = y
@@ -25,7 +25,7 @@ REPETITIVE = '''class Vector:
         return Vector(self.x - other.x, self.y - other.y, self.z - other.z)
 
     def __mul__(self, other):
-        return Vector('''
+        return Vector("""
 
 PROMPTS = [
     "def fibonacci(n):",
@@ -43,7 +43,9 @@ def test_greedy_ngram_matches_plain_and_hf_generate(real_engine, prompt):
     assert spec.token_ids == plain.token_ids
     ids = real_engine.tokenize(prompt)
     with torch.inference_mode():
-        out = real_engine.target.model.generate(torch.tensor([ids]), max_new_tokens=40, do_sample=False)
+        out = real_engine.target.model.generate(
+            torch.tensor([ids]), max_new_tokens=40, do_sample=False
+        )
     hf = out[0, len(ids) :].tolist()
     eos = real_engine.target.eos_token_ids
     hf = hf[: next((i for i, t in enumerate(hf) if t in eos), len(hf))]

@@ -28,7 +28,10 @@ def test_multibyte_characters_are_never_split(text, cuts):
     assert "".join(out) == text
 
 
-@given(text=st.text(alphabet="abc d", max_size=40), stop=st.text(alphabet="abcd ", min_size=1, max_size=3))
+@given(
+    text=st.text(alphabet="abc d", max_size=40),
+    stop=st.text(alphabet="abcd ", min_size=1, max_size=3),
+)
 def test_stop_strings_cut_and_never_leak(text, stop):
     tok = CharTokenizer(96)
     ts = TextStream(tok, stop=(stop,))
