@@ -42,7 +42,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         trust_remote_code=args.trust_remote_code,
     )
     target = spec.load()
-    draft_lm = spec.load_draft(args.draft_model) if any(c.assisted for c in cfgs) else None
+    draft_lm = spec.load_draft(args.draft_model, target) if any(c.assisted for c in cfgs) else None
     prompts = workloads.build(
         args.workload,
         target,

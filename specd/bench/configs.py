@@ -8,7 +8,8 @@ Names are what ``--configs`` takes:
 - ``hf-assisted``: ``generate(assistant_model=...)`` with ``--draft-model``.
 - ``specd-plain``: the engine with ``--drafter none``.
 - ``specd-DRAFTER-POLICY-kN``: the engine with that drafter, exit policy and ``--max-draft N``,
-  e.g. ``specd-ngram-adaptive-k8``.
+  e.g. ``specd-ngram-adaptive-k8``; ``+KEY=VALUE`` suffixes pass drafter options, e.g.
+  ``specd-draft_model-fixed-k6+tree=topk+branch=2`` (a token tree).
 
 The three references (``hf-plain``, ``hf-prompt-lookup``, ``specd-plain``) always run, since
 every ratio in the report divides by one of them.
@@ -75,7 +76,9 @@ class Config:
         }
 
 
-_SPECD_RE = re.compile(r"^specd-(?P<drafter>.+)-(?P<policy>[a-z_]+)-k(?P<k>\d+)$")
+_SPECD_RE = re.compile(
+    r"^specd-(?P<drafter>.+)-(?P<policy>[a-z_]+)-k(?P<k>\d+)(?P<opts>(?:\+[^+=]+=[^+]*)*)$"
+)
 _PL_RE = re.compile(r"^hf-prompt-lookup(?:-(?P<n>\d+))?$")
 
 
@@ -104,7 +107,7 @@ def parse(
     if not m:
         raise BadInputError(
             f"unknown configuration {name!r}; use hf-plain, hf-prompt-lookup[-N], hf-assisted, "
-            "specd-plain or specd-DRAFTER-POLICY-kN (e.g. specd-ngram-adaptive-k8)"
+            "specd-plain or specd-DRAFTER-POLICY-kN[+KEY=VALUE...] (e.g. specd-ngram-adaptive-k8)"
         )
     drafter, policy, k = m["drafter"], m["policy"], int(m["k"])
     registry.drafter_class(drafter)  # raises UnknownPluginError (a BadInputError)
@@ -116,6 +119,10 @@ def parse(
         if draft_model is None:
             raise BadInputError(f"configuration {name!r} needs --draft-model")
         options = {"model": draft_model, **(draft_options or {})}
+    if m["opts"]:
+        from ..cli import parse_options
+
+        options.update(parse_options(m["opts"].lstrip("+").split("+")))
     return Config(
         name, "specd", drafter=drafter, exit_policy=policy, max_draft=k, drafter_options=options
     )
@@ -133,7 +140,11 @@ def default_names(*, draft_model: str | None = None) -> tuple[list[str], list[di
         names += [f"specd-ngram-fixed-k{k}" for k in (4, 8, 16)]
         names += [f"specd-ngram-adaptive-k{k}" for k in (8, 16)]
     for drafter in MODEL_DRAFTERS:
-        wanted = [f"specd-{drafter}-fixed-k4", f"specd-{drafter}-adaptive-k8"]
+        wanted = [
+            f"specd-{drafter}-fixed-k4",
+            f"specd-{drafter}-adaptive-k8",
+            f"specd-{drafter}-fixed-k6+tree=topk+branch=2",
+        ]
         if drafter not in installed:
             skipped += [
                 {"config": n, "reason": f"the {drafter} plugin is not installed"} for n in wanted

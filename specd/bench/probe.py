@@ -52,14 +52,25 @@ class TargetSpec:
         )
         return Target(lm, tok, name=name)
 
-    def load_draft(self, draft_model: str):
-        """The draft model for ``hf-assisted``, on the target's device and dtype."""
+    def load_draft(self, draft_model: str, target):
+        """The draft model for ``hf-assisted``: ``target`` (the served model itself),
+        ``tiny:SEED`` (a tiny random model over the target's vocabulary) or a model name as
+        ``--model`` takes it, on the target's device and dtype."""
+        if draft_model == "target":
+            return target.model
+        if draft_model.startswith("tiny:"):
+            from ..testing import tiny_model
+
+            lm = tiny_model(
+                target.vocab_size, num_layers=1, seed=int(draft_model.removeprefix("tiny:"))
+            )
+            return lm.to(device=target.device, dtype=target.dtype)
         from .. import models
 
         lm, _ = models.load(
             draft_model,
-            dtype=self.dtype,
-            device=self.device,
+            dtype=str(target.dtype).removeprefix("torch."),
+            device=str(target.device),
             trust_remote_code=self.trust_remote_code,
         )
         return lm
@@ -104,7 +115,7 @@ def main() -> int:
         draft_model=spec_in.get("draft_model"),
         draft_options=spec_in.get("draft_options"),
     )
-    draft_lm = spec.load_draft(spec_in["draft_model"]) if cfg.assisted else None
+    draft_lm = spec.load_draft(spec_in["draft_model"], target) if cfg.assisted else None
     # Page the weights in, so "loaded" means resident, not just mapped.
     with torch.inference_mode():
         for p in target.model.parameters():
