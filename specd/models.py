@@ -179,6 +179,8 @@ def load(
     device = parse_device(device) if device else default_device()
     torch_dtype = parse_dtype(dtype or default_dtype(device))
     where = resolve(model)
+    if not trust_remote_code:
+        _refuse_remote_code(Path(where))
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -190,3 +192,19 @@ def load(
     )
     lm.to(device).eval()
     return lm, tok
+
+
+def _refuse_remote_code(where: Path) -> None:
+    """A model directory whose config maps to its own Python code is refused unless the
+    user asked for remote code; nothing from it is imported."""
+    import json
+
+    try:
+        config = json.loads((where / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ModelNotFoundError(f"cannot read {where / 'config.json'}: {e}") from e
+    if isinstance(config, dict) and config.get("auto_map"):
+        raise BadInputError(
+            f"model {where} ships its own code (auto_map in config.json); "
+            "pass --trust-remote-code to run it"
+        )
