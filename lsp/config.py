@@ -27,7 +27,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, rename="kebab", omit_
     """Completion behaviour. Field names are written kebab-case (``max-lines``)."""
 
     #: most tokens to generate; None: the server's ``--max-tokens``
-    max_tokens: Annotated[int, msgspec.Meta(ge=1, le=4096)] | None = None
+    max_tokens: Annotated[int, msgspec.Meta(ge=1, le=65536)] | None = None
     #: most lines in one completion
     max_lines: Annotated[int, msgspec.Meta(ge=1, le=500)] = 8
     #: "line": one line; "block": up to the end of the block; "auto": by context

@@ -139,6 +139,16 @@ class Document:
         """Length in code points (joins the text once after an edit)."""
         return len(self.text)
 
+    def head(self, chars: int) -> str:
+        """The first ``chars`` code points, without joining the whole text."""
+        parts: list[str] = []
+        for line in self._lines:
+            if chars <= 0:
+                break
+            parts.append(line[:chars])
+            chars -= len(line)
+        return "".join(parts)
+
     def resolve(self, line: int, character: int, encoding: str = UTF16) -> Position:
         """Turn an LSP (line, character) into a code-point :class:`Position`, clamping
         positions past the end of a line or of the document."""

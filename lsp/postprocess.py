@@ -61,7 +61,7 @@ def shape_for(cursor: Cursor, *, mode: str = "auto", max_lines: int = 8) -> Shap
 def should_stop(text: str, shape: Shape) -> bool:
     """True when more generated text cannot change the completion."""
     lines = text.split("\n")
-    if shape.mode == "line" or len(lines) > shape.max_lines:
+    if shape.mode == "line" or len(lines) > shape.max_lines or len(lines) == 1:
         return len(lines) > shape.max_lines
     # the last line may still grow (its indentation too): judge the ended ones
     return _scan(lines[:-1], shape)[1]

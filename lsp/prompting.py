@@ -11,6 +11,7 @@ keystrokes then share a long prompt prefix, which the engine's prefix cache reus
 from __future__ import annotations
 
 import posixpath
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -80,6 +81,15 @@ _COMMENT = {
 }
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def scrub(text: str) -> str:
+    """``text`` with lone UTF-16 surrogates (valid in LSP's JSON, not in UTF-8) replaced
+    by U+FFFD, so tokenizers that encode to UTF-8 accept it."""
+    return _SURROGATE.sub("\ufffd", text)
+
+
 class Vocabulary:
     """What prompting needs from a tokenizer: text -> ids, and control-token ids.
 
@@ -89,13 +99,16 @@ class Vocabulary:
     """
 
     def __init__(self, encode: Callable[[str], list[int]], tokenizer: Any) -> None:
-        self.encode = encode
+        self._encode = encode
         try:
             self._vocab: dict[str, int] = dict(tokenizer.get_vocab())
         except (AttributeError, TypeError, NotImplementedError):
             self._vocab = {}
         bos = getattr(tokenizer, "bos_token_id", None)
         self.bos_id: int | None = int(bos) if isinstance(bos, int) else None
+
+    def encode(self, text: str) -> list[int]:
+        return self._encode(scrub(text))
 
     def special(self, token: str | None) -> int | None:
         return None if token is None else self._vocab.get(token)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from specd.lsp import config
 
 from specd.errors import BadInputError
-from specd.lsp import config
 
 
 def test_defaults():

@@ -6,8 +6,16 @@ import re
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from specd.lsp.documents import UTF8, UTF16, UTF32, Document, DocumentStore, from_index, split_lines, to_index
+from specd.lsp.documents import (
+    UTF8,
+    UTF16,
+    UTF32,
+    Document,
+    DocumentStore,
+    from_index,
+    split_lines,
+    to_index,
+)
 
 
 def _ref_offset(text: str, line: int, col_units: int, enc: str) -> int:

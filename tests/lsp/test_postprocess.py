@@ -30,6 +30,7 @@ def test_after_an_opener_the_block_ends_at_the_dedent():
     assert finish(text, shape) == "\n    y = x + 1\n    return y"
     assert should_stop(text, shape)
     assert not should_stop("\n    y = x + 1\n    ret", shape)
+    assert not should_stop("", shape) and not should_stop("abc", shape)
 
 
 def test_a_closing_brace_at_the_block_level_is_kept_then_it_stops():

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from specd.lsp import prompting
 from specd.lsp.documents import Document
 from specd.lsp.prompting import Budget, ContextDocument, Vocabulary, build, choose_template

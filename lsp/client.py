@@ -1,0 +1,95 @@
+"""A minimal blocking LSP client for the CLI's talks with a running daemon
+(``specd complete --server``, ``specd stats --server``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from typing import Any
+
+from specd.errors import BadInputError, SpecdError
+
+
+class DaemonError(SpecdError):
+    """The daemon answered a request with an error."""
+
+
+class Client:
+    """One connection to ``specd serve --tcp``, initialized and ready for requests.
+
+    Offers only the UTF-32 position encoding, so positions are plain character counts.
+    """
+
+    def __init__(self, host: str, port: int, *, timeout: float = 60.0) -> None:
+        try:
+            self._sock = socket.create_connection((host, port), timeout=timeout)
+        except OSError as e:
+            raise BadInputError(
+                f"cannot connect to a specd daemon at {host}:{port} ({e.strerror or e}); "
+                f"start one with: specd serve --tcp {host}:{port}"
+            ) from e
+        self._file = self._sock.makefile("rb")
+        self._next_id = 0
+        self.request(
+            "initialize",
+            {
+                "processId": os.getpid(),
+                "rootUri": None,
+                "capabilities": {"general": {"positionEncodings": ["utf-32"]}},
+                "clientInfo": {"name": "specd-cli"},
+            },
+        )
+        self.notify("initialized", {})
+
+    def request(self, method: str, params: Any) -> Any:
+        self._next_id += 1
+        my_id = self._next_id
+        self._send({"jsonrpc": "2.0", "id": my_id, "method": method, "params": params})
+        while True:
+            msg = self._receive()
+            if msg.get("id") == my_id and ("result" in msg or "error" in msg):
+                if "error" in msg:
+                    err = msg["error"]
+                    raise DaemonError(f"the daemon answered {method} with error {err.get('code')}: {err.get('message')}")
+                return msg["result"]
+            if "method" in msg and "id" in msg:  # a request from the server: decline politely
+                self._send({"jsonrpc": "2.0", "id": msg["id"], "result": None})
+
+    def notify(self, method: str, params: Any) -> None:
+        self._send({"jsonrpc": "2.0", "method": method, "params": params})
+
+    def close(self) -> None:
+        try:
+            self.request("shutdown", None)
+            self.notify("exit", None)
+        except (OSError, SpecdError):
+            pass
+        finally:
+            self._file.close()
+            self._sock.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _send(self, message: dict[str, Any]) -> None:
+        body = json.dumps(message).encode("utf-8")
+        self._sock.sendall(b"Content-Length: %d\r\n\r\n" % len(body) + body)
+
+    def _receive(self) -> dict[str, Any]:
+        length = None
+        while True:
+            line = self._file.readline()
+            if not line:
+                raise SpecdError("the daemon closed the connection")
+            if line in (b"\r\n", b"\n"):
+                if length is not None:
+                    break
+                continue
+            name, _, value = line.decode("latin-1").partition(":")
+            if name.strip().lower() == "content-length":
+                length = int(value)
+        return json.loads(self._file.read(length))

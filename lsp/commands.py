@@ -1,0 +1,240 @@
+"""``specd serve``, ``specd complete`` and ``specd stats``.
+
+``serve`` and ``complete`` take the model and decoding options of ``specd generate``. For
+tests they also take a hidden ``--tiny-model``: a tiny random model from
+:mod:`specd.testing` instead of a real one, so end-to-end tests start in seconds and
+download nothing (its completions are random characters).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from specd.cli import EXIT_OK, add_decoding_args, add_model_args, build_engine, sampling_params
+from specd.errors import BadInputError
+
+from . import config
+
+log = logging.getLogger(__name__)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="run the language server (editors: --stdio; a shared local daemon: --tcp)",
+        description="Run the specd language server. The model loads once and is warmed up before the first request.",
+    )
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--stdio", action="store_true", help="talk LSP on stdin/stdout (what editors start)")
+    where.add_argument("--tcp", metavar="HOST:PORT", help="listen on a loopback address, e.g. 127.0.0.1:8765 (port 0: any free port)")
+    p.add_argument("--allow-remote", action="store_true", help="allow --tcp on a non-loopback address (no authentication: trusted networks only)")
+    _add_common(p)
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser(
+        "complete",
+        help="complete a file at a line and column, like an editor would",
+        description="Complete FILE at LINE:COL (1-based; columns count characters) with the language server's pipeline.",
+    )
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("--line", type=int, required=True, help="1-based line of the cursor")
+    p.add_argument("--col", type=int, required=True, help="1-based column of the cursor, in characters")
+    p.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats, ...")
+    p.add_argument("--server", metavar="HOST:PORT", help="ask a running `specd serve --tcp` daemon instead of loading the model here")
+    _add_common(p)
+    p.set_defaults(func=cmd_complete)
+
+    p = sub.add_parser("stats", help="metrics of a running daemon", description="Print a running daemon's metrics since it started (aggregates only, no code).")
+    p.add_argument("--server", metavar="HOST:PORT", required=True)
+    p.add_argument("--json", action="store_true", help="print the raw JSON report")
+    p.set_defaults(func=cmd_stats)
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="PATH", help=f"settings file (default: {config.default_file()} when it exists)")
+    add_model_args(p)
+    add_decoding_args(p)
+    p.add_argument("--tiny-model", action="store_true", help=argparse.SUPPRESS)
+
+
+# -- serve -------------------------------------------------------------------------------------
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .daemon import parse_address, run_stdio, run_tcp
+    from .rpc import RedactPayloads
+    from .server import Service
+
+    address = parse_address(args.tcp, allow_remote=args.allow_remote) if args.tcp else None
+    settings, messages = _settings(args, strict=False)
+    params = sampling_params(args)
+    engine = _engine(args)
+    warm_up(engine)
+    service = Service(engine, params, settings=settings, settings_messages=messages)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RedactPayloads(lambda: not service.settings.log_code))
+    if address is None:
+        # stdout carries the protocol: anything else printed by accident goes to stderr
+        stdout = sys.stdout.buffer
+        sys.stdout = sys.stderr
+        return run_stdio(service, sys.stdin.buffer, stdout)
+
+    def ready(host: str, port: int) -> None:
+        print(f"specd: serving on {host}:{port}", file=sys.stderr, flush=True)
+
+    return run_tcp(service, *address, ready=ready)
+
+
+def warm_up(engine: Any) -> None:
+    """One tiny generation, so the first real request does not pay for lazy setup."""
+    from specd import SamplingParams
+
+    engine.generate(engine.tokenize("def main():\n") or [0], SamplingParams(max_tokens=2), drafter="none")
+
+
+# -- complete ----------------------------------------------------------------------------------
+
+
+def cmd_complete(args: argparse.Namespace) -> int:
+    path = Path(args.file)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise BadInputError(f"cannot read {args.file}: {e.strerror}") from e
+    except UnicodeDecodeError as e:
+        raise BadInputError(f"{args.file} is not UTF-8 text") from e
+    from .documents import Document
+
+    uri = path.resolve().as_uri()
+    doc = Document(uri, text, language_id=_language_id(path))
+    line, col = _check_position(doc, args)
+    if args.server:
+        result = _complete_remote(args, uri, doc, line, col)
+    else:
+        result = _complete_here(args, doc, line, col)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        sys.stdout.write(result["text"] + "\n")
+        s = result.get("stats") or {}
+        print(
+            f"[{s.get('new_tokens', 0)} tokens, mean acceptance {s.get('mean_acceptance_length', 0):.2f}, "
+            f"ttft {1000 * s.get('ttft_s', 0):.0f} ms, {result['finish_reason'] or 'done'}]",
+            file=sys.stderr,
+        )
+    return EXIT_OK
+
+
+def _complete_here(args: argparse.Namespace, doc: Any, line: int, col: int) -> dict[str, Any]:
+    from .completer import Completer, CompletionRequest
+    from .prompting import display_path
+
+    settings, _ = _settings(args, strict=True)
+    completer = Completer(_engine(args), sampling_params(args))
+    pos = doc.resolve(line, col, "utf-32")
+    cursor = doc.cursor(pos, before_chars=settings.prefix_tokens * 8, after_chars=max(settings.suffix_tokens * 8, 400))
+    request = CompletionRequest(cursor, display_path(doc.uri), settings, uri=doc.uri)
+    return completer.complete(request).as_json()
+
+
+def _complete_remote(args: argparse.Namespace, uri: str, doc: Any, line: int, col: int) -> dict[str, Any]:
+    from .client import Client
+    from .daemon import parse_address
+
+    host, port = parse_address(args.server, allow_remote=True)
+    with Client(host, port) as client:
+        client.notify(
+            "textDocument/didOpen",
+            {"textDocument": {"uri": uri, "languageId": doc.language_id, "version": 0, "text": doc.text}},
+        )
+        try:
+            return client.request("specd/complete", {"textDocument": {"uri": uri}, "position": {"line": line, "character": col}})
+        finally:
+            client.notify("textDocument/didClose", {"textDocument": {"uri": uri}})
+
+
+def _check_position(doc: Any, args: argparse.Namespace) -> tuple[int, int]:
+    """1-based --line/--col -> 0-based, or a BadInputError that says what is valid."""
+    from .documents import strip_eol
+
+    n_lines = len(doc.lines)
+    if not 1 <= args.line <= n_lines:
+        raise BadInputError(f"--line {args.line}: {args.file} has lines 1 to {n_lines}")
+    body = strip_eol(doc.lines[args.line - 1])
+    if not 1 <= args.col <= len(body) + 1:
+        raise BadInputError(f"--col {args.col}: line {args.line} has columns 1 to {len(body) + 1}")
+    return args.line - 1, args.col - 1
+
+
+# -- stats -------------------------------------------------------------------------------------
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    from .client import Client
+    from .daemon import parse_address
+
+    host, port = parse_address(args.server, allow_remote=True)
+    with Client(host, port) as client:
+        report = client.request("specd/stats", None)
+    if args.json:
+        print(json.dumps(report))
+        return EXIT_OK
+    acc, lat, pc = report["acceptance"], report["latency"], report["prefix_cache"]
+    print(f"uptime            {report['uptime_s']:.0f} s")
+    print(f"requests          {report['requests']} ({report['completed']} completed, {report['cancellations']['total']} cancelled, {report['errors']} failed)")
+    print(f"fallbacks         {report['fallbacks']}")
+    print(f"acceptance        mean {acc['mean_length']:.2f} tokens/step; per position {', '.join(f'{r:.2f}' for r in acc['position_rates']) or '-'}")
+    print(f"tokens per step   {', '.join(f'{k}: {n}' for k, n in acc['histogram'].items()) or '-'}")
+    print(f"ttft              p50 {1000 * lat['ttft_s']['p50']:.0f} ms, p95 {1000 * lat['ttft_s']['p95']:.0f} ms")
+    print(f"tpot              p50 {1000 * lat['tpot_s']['p50']:.1f} ms, p95 {1000 * lat['tpot_s']['p95']:.1f} ms")
+    print(f"prefix cache      hit rate {pc['hit_rate']:.0%}, {pc['reused_fraction']:.0%} of prompt tokens reused")
+    return EXIT_OK
+
+
+# -- shared ------------------------------------------------------------------------------------
+
+
+def _settings(args: argparse.Namespace, *, strict: bool) -> tuple[config.Settings, list[str]]:
+    """Settings from --config, else from the default file when there is one."""
+    path = Path(args.config) if args.config else config.default_file()
+    if not args.config and not path.is_file():
+        return config.Settings(), []
+    raw, messages = config.read_file(path)
+    if strict and messages:
+        raise BadInputError(messages[0].rsplit("; ", 1)[0])
+    if strict:
+        return config.decode_strict(raw, source=str(path)), []
+    settings, more = config.decode(raw, source=str(path))
+    for m in messages + more:
+        log.warning("%s", m)
+    return settings, messages + more
+
+
+def _engine(args: argparse.Namespace) -> Any:
+    if not args.tiny_model:
+        return build_engine(args)
+    from specd import Engine
+    from specd.testing import tiny_target
+
+    return Engine(
+        tiny_target(logit_scale=8.0),
+        drafter=args.drafter,
+        verifier=args.verifier,
+        exit_policy=args.exit_policy,
+        max_draft=args.max_draft,
+    )
+
+
+_LANGUAGES = {
+    "py": "python", "rs": "rust", "js": "javascript", "ts": "typescript", "go": "go", "c": "c",
+    "h": "c", "cpp": "cpp", "java": "java", "rb": "ruby", "lua": "lua", "sh": "shellscript",
+}
+
+
+def _language_id(path: Path) -> str:
+    return _LANGUAGES.get(path.suffix.lstrip(".").lower(), "plaintext")

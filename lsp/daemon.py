@@ -1,0 +1,156 @@
+"""Running the server over stdio (one editor) or TCP (a long-lived local daemon that any
+number of clients connect to, one session each, all sharing one loaded model)."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import queue
+import signal
+import threading
+from collections.abc import Callable
+from typing import Any, BinaryIO
+
+from specd.errors import BadInputError
+
+from .rpc import SafeWriter, read_messages
+from .server import Service, SpecdServer
+
+log = logging.getLogger(__name__)
+
+
+def parse_address(text: str, *, allow_remote: bool = False) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:PORT`` for IPv6) -> (host, port). Anything but a loopback
+    address is refused unless ``allow_remote``: the daemon has no authentication, and it
+    answers with the contents of the files it is sent."""
+    host, sep, port_text = text.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host:
+        raise BadInputError(f"--tcp {text!r}: expected HOST:PORT, e.g. 127.0.0.1:8765")
+    try:
+        port = int(port_text)
+        if not 0 <= port <= 65535:
+            raise ValueError
+    except ValueError:
+        raise BadInputError(f"--tcp {text!r}: the port must be a number from 0 to 65535") from None
+    if host == "localhost":
+        host = "127.0.0.1"
+    if not allow_remote and not is_loopback(host):
+        raise BadInputError(
+            f"--tcp {text!r}: {host} is not a loopback address; the daemon has no authentication, "
+            f"so it listens only on 127.0.0.1, ::1 or localhost unless you also pass --allow-remote"
+        )
+    return host, port
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class StdinReader:
+    """Blocking reads of a binary stream on one daemon thread, awaited from the loop.
+
+    A daemon thread, so a read still blocked when the session ends (after ``exit``, with
+    the client still holding the pipe) does not keep the process alive.
+    """
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self._stream = stream
+        self._calls: queue.SimpleQueue[tuple[Callable[..., bytes], tuple[Any, ...], asyncio.AbstractEventLoop, asyncio.Future]] = queue.SimpleQueue()
+        threading.Thread(target=self._serve, name="specd-stdin", daemon=True).start()
+
+    async def readline(self) -> bytes:
+        return await self._call(self._stream.readline)
+
+    async def readexactly(self, n: int) -> bytes:
+        return await self._call(self._stream.read, n)
+
+    async def _call(self, fn: Callable[..., bytes], *args: Any) -> bytes:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._calls.put((fn, args, loop, future))
+        return await future
+
+    def _serve(self) -> None:
+        while True:
+            fn, args, loop, future = self._calls.get()
+            try:
+                result, error = fn(*args), None
+            except (OSError, ValueError) as e:  # closed or broken stdin reads as end of input
+                result, error = b"", e
+            try:
+                loop.call_soon_threadsafe(_resolve, future, result)
+            except RuntimeError:
+                return  # the loop is gone
+            if error is not None:
+                log.debug("stdin read failed: %s", type(error).__name__)
+
+
+def _resolve(future: asyncio.Future, value: bytes) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+def run_stdio(service: Service, stdin: BinaryIO, stdout: BinaryIO) -> int:
+    """Serve one client on stdin/stdout until ``exit`` or end of input.
+
+    :returns: the exit status: 0 after ``shutdown`` + ``exit`` or at end of input, 1 for
+        ``exit`` without ``shutdown`` (as the LSP specification asks).
+    """
+
+    async def main() -> int | None:
+        ls = SpecdServer(service)
+
+        def write(data: bytes) -> None:
+            stdout.write(data)
+            stdout.flush()
+
+        ls.protocol.set_writer(SafeWriter(write, lambda: None, ls.end_session))
+        await read_messages(StdinReader(stdin), ls.protocol, lambda: ls.ended)
+        ls.end_session()
+        return ls.protocol.exit_code
+
+    try:
+        code = asyncio.run(main())
+    finally:
+        service.close()
+    return 0 if code is None else code
+
+
+def run_tcp(service: Service, host: str, port: int, *, ready: Callable[[str, int], None] | None = None) -> int:
+    """Serve TCP clients until SIGINT/SIGTERM. Each connection is its own session;
+    ``exit`` ends the session, not the daemon. ``ready`` gets the bound address."""
+
+    async def session(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        ls = SpecdServer(service)
+        ls.protocol.set_writer(SafeWriter(writer.write, writer.close, ls.end_session))
+        try:
+            await read_messages(reader, ls.protocol, lambda: ls.ended)
+        finally:
+            ls.end_session()
+            writer.close()
+
+    async def main() -> None:
+        server = await asyncio.start_server(session, host, port, limit=1 << 20)
+        bound = server.sockets[0].getsockname()
+        if ready is not None:
+            ready(bound[0], bound[1])
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, stop.set)
+            except (NotImplementedError, RuntimeError):
+                pass
+        async with server:
+            await stop.wait()
+
+    try:
+        asyncio.run(main())
+    finally:
+        service.close()
+    return 0

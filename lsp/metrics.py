@@ -1,0 +1,145 @@
+"""Server metrics since start, answered by the ``specd/stats`` request.
+
+Aggregates only: counts, rates, percentiles. Nothing here ever holds document text or
+completion text, so the report is safe to paste into a bug report.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from typing import Any
+
+from specd import Stats
+
+CANCEL_REASONS = ("client", "superseded", "changed", "shutdown")
+
+
+def percentile(samples: list[float], q: float) -> float:
+    """Nearest-rank percentile (``q`` in [0, 100]) of unsorted samples; 0.0 when empty."""
+    if not samples:
+        return 0.0
+    ordered = sorted(samples)
+    rank = max(1, min(len(ordered), -(-len(ordered) * q // 100)))
+    return ordered[int(rank) - 1]
+
+
+class Metrics:
+    """Thread-safe counters. Latency percentiles are over the last ``window`` requests, so
+    memory stays flat however long the server runs."""
+
+    def __init__(self, window: int = 2048) -> None:
+        self._lock = threading.Lock()
+        self.started = time.monotonic()
+        self.requests = 0
+        self.completed = 0
+        self.empty = 0
+        self.errors = 0
+        self.fallbacks = 0
+        self.clamped_positions = 0
+        self.cancelled = dict.fromkeys(CANCEL_REASONS, 0)
+        self.generations = 0
+        self.running = 0
+        self.max_running = 0
+        self.new_tokens = 0
+        self.target_steps = 0
+        self.drafted = 0
+        self.accepted = 0
+        self.prompt_tokens = 0
+        self.reused_tokens = 0
+        self._position_drafted: list[int] = []
+        self._position_accepted: list[int] = []
+        self._histogram: list[int] = []  # [k]: target steps that produced k + 1 tokens
+        self._ttft: deque[float] = deque(maxlen=window)
+        self._tpot: deque[float] = deque(maxlen=window)
+
+    def count(self, name: str, n: int = 1) -> None:
+        """Add to one of the plain counters (requests, errors, clamped_positions...)."""
+        with self._lock:
+            setattr(self, name, getattr(self, name) + n)
+
+    def cancel(self, reason: str) -> None:
+        with self._lock:
+            self.cancelled[reason] = self.cancelled.get(reason, 0) + 1
+
+    def generation_started(self) -> None:
+        with self._lock:
+            self.generations += 1
+            self.running += 1
+            self.max_running = max(self.max_running, self.running)
+
+    def generation_ended(self) -> None:
+        with self._lock:
+            self.running -= 1
+
+    def record(self, stats: Stats, *, text: str) -> None:
+        """Fold one finished generation in (``text``: what was shown, only its emptiness
+        is kept)."""
+        with self._lock:
+            self.completed += 1
+            self.empty += not text
+            self.fallbacks += stats.fallback is not None
+            self.new_tokens += stats.new_tokens
+            self.target_steps += stats.target_steps
+            self.drafted += stats.drafted
+            self.accepted += stats.accepted
+            self.prompt_tokens += stats.prompt_tokens
+            self.reused_tokens += stats.reused_tokens
+            _add(self._position_drafted, stats.position_drafted)
+            _add(self._position_accepted, stats.position_accepted)
+            # Steps that accepted at least k+1 draft tokens = position_accepted[k], so
+            # the steps that accepted exactly k are the difference of neighbours.
+            pa = list(stats.position_accepted)
+            at_least = [stats.target_steps, *pa, 0]
+            _add(self._histogram, [at_least[k] - at_least[k + 1] for k in range(len(pa) + 1)])
+            if stats.new_tokens:
+                self._ttft.append(stats.ttft_s)
+            if stats.new_tokens > 1:
+                self._tpot.append(stats.tpot_s)
+
+    def snapshot(self, prefix_cache: Any = None) -> dict[str, Any]:
+        """The report, as JSON-ready data."""
+        with self._lock:
+            ttft, tpot = list(self._ttft), list(self._tpot)
+            lookups = getattr(prefix_cache, "lookups", 0)
+            hits = getattr(prefix_cache, "hits", 0)
+            return {
+                "uptime_s": round(time.monotonic() - self.started, 3),
+                "requests": self.requests,
+                "completed": self.completed,
+                "empty": self.empty,
+                "errors": self.errors,
+                "fallbacks": self.fallbacks,
+                "clamped_positions": self.clamped_positions,
+                "cancellations": {"total": sum(self.cancelled.values()), **self.cancelled},
+                "generations": {"started": self.generations, "running": self.running, "max_running": self.max_running},
+                "acceptance": {
+                    "mean_length": self.new_tokens / self.target_steps if self.target_steps else 0.0,
+                    "new_tokens": self.new_tokens,
+                    "target_steps": self.target_steps,
+                    "drafted": self.drafted,
+                    "accepted": self.accepted,
+                    "position_rates": [a / d if d else 0.0 for a, d in zip(self._position_accepted, self._position_drafted)],
+                    "histogram": {str(k + 1): n for k, n in enumerate(self._histogram) if n},
+                },
+                "latency": {
+                    "ttft_s": {"p50": percentile(ttft, 50), "p95": percentile(ttft, 95), "n": len(ttft)},
+                    "tpot_s": {"p50": percentile(tpot, 50), "p95": percentile(tpot, 95), "n": len(tpot)},
+                },
+                "prefix_cache": {
+                    "lookups": lookups,
+                    "hits": hits,
+                    "hit_rate": hits / lookups if lookups else 0.0,
+                    "prompt_tokens": self.prompt_tokens,
+                    "reused_tokens": self.reused_tokens,
+                    "reused_fraction": self.reused_tokens / self.prompt_tokens if self.prompt_tokens else 0.0,
+                },
+            }
+
+
+def _add(into: list[int], values: list[int]) -> None:
+    while len(into) < len(values):
+        into.append(0)
+    for i, v in enumerate(values):
+        into[i] += v

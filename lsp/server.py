@@ -1,0 +1,407 @@
+"""The language server: LSP methods in, completions out.
+
+One :class:`SpecdServer` serves one client connection (an editor over stdio, or one TCP
+connection to the daemon); the :class:`Service` it is given is shared by all of them and
+holds the model, loaded once, and the single generation worker. Handlers are short
+recipes: turn LSP params into a domain request (:mod:`.convert`, :mod:`.documents`), run
+it (:mod:`.completer` on the worker), turn the result back.
+
+Methods: ``initialize``/``initialized``, ``textDocument/didOpen|didChange|didClose``
+(incremental sync), ``textDocument/inlineCompletion``, ``textDocument/completion`` (with
+partial results), ``workspace/didChangeConfiguration``, ``workspace/executeCommand``
+(``specd.accepted``), and two of our own: ``specd/stats`` and ``specd/complete``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+from lsprotocol import types
+from pygls.exceptions import FeatureRequestError, JsonRpcInvalidParams
+from pygls.lsp.server import LanguageServer
+
+from specd import Engine, SamplingParams, __version__
+
+from . import convert
+from .completer import Completer, CompletionRequest, CompletionResult
+from .config import Settings, overlay
+from .documents import UTF16, DocumentStore
+from .metrics import Metrics
+from .prompting import display_path
+from .rpc import SpecdProtocol
+from .scheduler import Job, Worker
+from .workspace import WorkspaceIndex
+
+log = logging.getLogger(__name__)
+
+ACCEPT_COMMAND = "specd.accepted"
+STATS_METHOD = "specd/stats"
+COMPLETE_METHOD = "specd/complete"
+RECENT_COMPLETIONS = 64
+
+
+class Service:
+    """What every session shares: one engine, one generation worker, the metrics, and the
+    settings read from the settings file.
+
+    :param params: base sampling parameters for completions.
+    :param settings: defaults for every session (from the TOML file).
+    :param settings_messages: problems found in the file, shown to each client.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        params: SamplingParams | None = None,
+        *,
+        settings: Settings | None = None,
+        settings_messages: list[str] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.metrics = Metrics()
+        self.completer = Completer(engine, params, self.metrics)
+        self.worker = Worker(on_start=self.metrics.generation_started, on_end=self.metrics.generation_ended)
+        self.settings = settings or Settings()
+        self.settings_messages = list(settings_messages or [])
+        self._session_ids = itertools.count(1)
+        self._failures: set[str] = set()
+
+    def new_session_id(self) -> int:
+        return next(self._session_ids)
+
+    def failed(self, exc: BaseException) -> None:
+        """A completion raised: log it with its traceback the first time per kind."""
+        self.metrics.count("errors")
+        kind = type(exc).__name__
+        if kind not in self._failures:
+            self._failures.add(kind)
+            log.error("a completion failed; answering with no completion", exc_info=exc)
+        else:
+            log.debug("a completion failed again (%s)", kind)
+
+    def stats(self) -> dict[str, Any]:
+        return self.metrics.snapshot(self.engine.prefix_cache)
+
+    def close(self) -> None:
+        self.worker.stop()
+
+
+class SpecdServer(LanguageServer):
+    """One client's session: its documents, settings and drafting index.
+
+    :param on_end: called once when the session ends (``exit``, end of input, a broken
+        connection).
+    """
+
+    def __init__(self, service: Service, *, on_end: Callable[[], None] | None = None) -> None:
+        super().__init__("specd", __version__, text_document_sync_kind=types.TextDocumentSyncKind.Incremental, protocol_cls=SpecdProtocol)
+        self.service = service
+        self.session_id = service.new_session_id()
+        self.documents = DocumentStore()
+        self.settings = service.settings
+        self.messages = list(service.settings_messages)
+        self.encoding = UTF16
+        self.root_uri: str | None = None
+        self.index = self._new_workspace()
+        self.ended = False
+        self._on_end = on_end
+        self._recent: OrderedDict[str, str] = OrderedDict()  # completion id -> text shown
+        self._partial_sent: dict[Any, str] = {}
+        for method, options, handler in FEATURES:
+            self.feature(method, options)(handler)
+        self.command(ACCEPT_COMMAND)(accepted)
+
+    # -- session ------------------------------------------------------------------------------
+
+    def start(self, params: types.InitializeParams) -> None:
+        self.encoding = convert.position_encoding(params.capabilities)
+        self.root_uri = params.root_uri or (params.workspace_folders[0].uri if params.workspace_folders else None)
+        self.configure(params.initialization_options, source="initializationOptions")
+
+    def configure(self, raw: Any, *, source: str) -> None:
+        self.settings, messages = overlay(self.settings, raw, source=source)
+        self.messages += messages
+        self.index.max_chars = self.settings.index_max_chars
+
+    def show_messages(self) -> None:
+        """Report settings problems to the user (``window/showMessage``), once each."""
+        for message in self.messages:
+            log.warning("%s", message)
+            self.window_show_message(types.ShowMessageParams(type=types.MessageType.Warning, message=f"specd: {message}"))
+        self.messages = []
+
+    def end_session(self) -> None:
+        if self.ended:
+            return
+        self.ended = True
+        self.service.worker.cancel_key(f"{self.session_id}:*", "shutdown")
+        if self._on_end is not None:
+            self._on_end()
+
+    def report_server_error(self, error: Exception, source: Any) -> None:
+        # pygls would show every internal error to the user; the log is the place for
+        # them. Request errors were already answered to the client.
+        level = logging.DEBUG if source is FeatureRequestError else logging.ERROR
+        log.log(level, "server error (%s): %s", getattr(source, "__name__", source), type(error).__name__)
+
+    def _new_workspace(self) -> WorkspaceIndex:
+        s = self.settings
+        return WorkspaceIndex(self.service.engine.tokenize, max_chars=s.index_max_chars, accepted_history=s.accepted_history)
+
+    # -- documents ----------------------------------------------------------------------------
+
+    def open(self, item: types.TextDocumentItem) -> None:
+        doc = self.documents.open(item.uri, item.text, item.version, item.language_id)
+        self.index.changed(doc)
+
+    def change(self, params: types.DidChangeTextDocumentParams) -> None:
+        doc = self.documents.get(params.text_document.uri)
+        if doc is None:
+            log.debug("didChange for a document that is not open")
+            return
+        convert.apply_changes(doc, params.content_changes, self.encoding)
+        doc.version = params.text_document.version
+        self.index.changed(doc)
+        self._notice_acceptance(params.content_changes)
+        if self.settings.cancel_on_change:
+            self.service.worker.cancel_key(self._key(doc.uri), "changed")
+
+    def close(self, uri: str) -> None:
+        self.documents.close(uri)
+        self.index.closed(uri)
+        self.service.worker.cancel_key(self._key(uri), "changed")
+
+    def _notice_acceptance(self, changes: list) -> None:
+        """An insertion equal to a completion we showed means the user took it (for
+        clients that do not run the item's command)."""
+        for change in changes:
+            text = getattr(change, "text", "")
+            if len(text) >= 2 and text in self._recent.values():
+                self.index.accepted(text)
+
+    # -- completions --------------------------------------------------------------------------
+
+    def request(self, uri: str, position: types.Position, *, partial_token: Any = None) -> CompletionRequest | None:
+        """A completion request at an LSP position, or None when the document is not open."""
+        doc = self.documents.get(uri)
+        if doc is None:
+            return None
+        s = self.settings
+        pos = doc.resolve(position.line, position.character, self.encoding)
+        if pos.clamped:
+            self.service.metrics.count("clamped_positions")
+        cursor = doc.cursor(pos, before_chars=s.prefix_tokens * 8, after_chars=max(s.suffix_tokens * 8, 400))
+        others = sorted(self.documents.others(uri), key=lambda d: d.language_id != doc.language_id)
+        request = CompletionRequest(
+            cursor,
+            display_path(uri, self.root_uri),
+            s,
+            others=others[:16],
+            root_uri=self.root_uri,
+            workspace=self.index,
+            uri=uri,
+        )
+        if partial_token is not None:
+            loop = asyncio.get_running_loop()
+            request.on_lines = lambda text: _call_soon(loop, self._send_partial, partial_token, request, text)
+        return request
+
+    async def complete(self, request: CompletionRequest | None) -> CompletionResult:
+        """Run a request on the worker. A request cancelled by the client, by a newer
+        request for its document, or by an edit raises CancelledError, which pygls
+        answers with RequestCancelled."""
+        self.service.metrics.count("requests")
+        if request is None:
+            return CompletionResult("")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[CompletionResult | None] = loop.create_future()
+        job = Job(
+            key=self._key(request.uri),
+            run=lambda job: self.service.completer.complete(request),
+            done=lambda result, error, job: _call_soon(loop, _settle, future, result, error),
+            cancel_event=request.cancel,
+        )
+        self.service.worker.submit(job)
+        try:
+            result = await future
+        except asyncio.CancelledError:
+            self.service.worker.cancel(job, "client")
+            self.service.metrics.cancel(job.reason or "client")
+            raise
+        except Exception as exc:  # noqa: BLE001 - a failed completion is logged, not fatal
+            self.service.failed(exc)
+            return CompletionResult("")
+        if result is None or result.cancelled:
+            self.service.metrics.cancel(job.reason or "client")
+            raise asyncio.CancelledError()
+        return result
+
+    def accept_command(self, text: str) -> types.Command | None:
+        """The command an item runs when accepted (it reports the acceptance to us)."""
+        if not text:
+            return None
+        completion_id = uuid.uuid4().hex[:12]
+        self._recent[completion_id] = text
+        while len(self._recent) > RECENT_COMPLETIONS:
+            self._recent.popitem(last=False)
+        return types.Command(title="specd: accepted", command=ACCEPT_COMMAND, arguments=[completion_id])
+
+    def accepted(self, completion_id: str) -> None:
+        text = self._recent.pop(completion_id, None)
+        if text:
+            self.index.accepted(text)
+
+    def inline_result(self, request: CompletionRequest | None, result: CompletionResult) -> types.InlineCompletionList:
+        if request is None:
+            return types.InlineCompletionList(items=[])
+        return convert.inline_list(result.text, request.cursor, self.encoding, self.accept_command(result.text))
+
+    def completion_result(self, request: CompletionRequest | None, result: CompletionResult, partial_token: Any) -> list[types.CompletionItem]:
+        """Items for ``textDocument/completion``. With partial results, the whole
+        completion goes through ``$/progress`` too and the response itself is empty."""
+        if request is None or not result.text:
+            self._partial_sent.pop(partial_token, None)
+            return []
+        if partial_token is None:
+            return [convert.completion_item(result.text, request.cursor, self.encoding, self.accept_command(result.text))]
+        if self._partial_sent.pop(partial_token, None) != result.text:
+            self._send_progress(partial_token, request, result.text, rank=1)
+        return []
+
+    def _send_partial(self, token: Any, request: CompletionRequest, text: str) -> None:
+        """First finished line(s) of a completion still running: send them as an item."""
+        if token in self._partial_sent or not text.strip() or self.ended:
+            return
+        self._partial_sent[token] = text
+        self._send_progress(token, request, text, rank=0)
+
+    def _send_progress(self, token: Any, request: CompletionRequest, text: str, *, rank: int) -> None:
+        item = convert.completion_item(text, request.cursor, self.encoding, self.accept_command(text), rank=rank)
+        value = [self.protocol._converter.unstructure(item)]
+        self.protocol.notify(types.PROGRESS, types.ProgressParams(token=token, value=value))
+
+    def text_position(self, params: Any) -> tuple[str, types.Position]:
+        """(uri, position) from the params of one of our own requests."""
+        try:
+            p = self.protocol._converter.structure(params, types.TextDocumentPositionParams)
+        except Exception as e:  # noqa: BLE001
+            raise JsonRpcInvalidParams.of(ValueError("expected {textDocument: {uri}, position: {line, character}}")) from e
+        return p.text_document.uri, p.position
+
+    def _key(self, uri: str) -> str:
+        return f"{self.session_id}:{uri}"
+
+
+
+def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> None:
+    """Run ``fn`` on the event loop (from the worker thread); dropped once the loop is
+    closed (the session is over)."""
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:
+        pass
+
+
+# -- handlers: one per LSP method ------------------------------------------------------------
+
+FEATURES: list[tuple[str, Any, Callable[..., Any]]] = []
+
+
+def feature(method: str, options: Any = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register a handler for every :class:`SpecdServer` (pygls registers per instance)."""
+
+    def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+        FEATURES.append((method, options, fn))
+        return fn
+
+    return register
+
+
+@feature(types.INITIALIZE)
+def initialize(ls: SpecdServer, params: types.InitializeParams) -> None:
+    """initialize: position encoding, workspace root, initializationOptions."""
+    ls.start(params)
+
+
+@feature(types.INITIALIZED)
+def initialized(ls: SpecdServer, params: types.InitializedParams) -> None:
+    """initialized: report settings problems now that the client listens."""
+    ls.show_messages()
+
+
+@feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
+def did_change_configuration(ls: SpecdServer, params: types.DidChangeConfigurationParams) -> None:
+    """workspace/didChangeConfiguration: settings under the ``specd`` key apply at once."""
+    if isinstance(params.settings, dict) and "specd" in params.settings:
+        ls.configure(params.settings["specd"], source="workspace/didChangeConfiguration")
+        ls.show_messages()
+
+
+@feature(types.TEXT_DOCUMENT_DID_OPEN)
+def did_open(ls: SpecdServer, params: types.DidOpenTextDocumentParams) -> None:
+    """textDocument/didOpen."""
+    ls.open(params.text_document)
+
+
+@feature(types.TEXT_DOCUMENT_DID_CHANGE)
+def did_change(ls: SpecdServer, params: types.DidChangeTextDocumentParams) -> None:
+    """textDocument/didChange (incremental): apply edits; a pending completion is stale."""
+    ls.change(params)
+
+
+@feature(types.TEXT_DOCUMENT_DID_CLOSE)
+def did_close(ls: SpecdServer, params: types.DidCloseTextDocumentParams) -> None:
+    """textDocument/didClose."""
+    ls.close(params.text_document.uri)
+
+
+@feature(types.TEXT_DOCUMENT_INLINE_COMPLETION, types.InlineCompletionOptions())
+async def inline_completion(ls: SpecdServer, params: types.InlineCompletionParams) -> types.InlineCompletionList:
+    """textDocument/inlineCompletion: ghost text at the cursor."""
+    request = ls.request(params.text_document.uri, params.position)
+    result = await ls.complete(request)
+    return ls.inline_result(request, result)
+
+
+@feature(types.TEXT_DOCUMENT_COMPLETION, types.CompletionOptions(resolve_provider=False))
+async def completion(ls: SpecdServer, params: types.CompletionParams) -> list[types.CompletionItem]:
+    """textDocument/completion: the completion as an item; with a partialResultToken,
+    first lines and then the whole stream through ``$/progress``."""
+    request = ls.request(params.text_document.uri, params.position, partial_token=params.partial_result_token)
+    result = await ls.complete(request)
+    return ls.completion_result(request, result, params.partial_result_token)
+
+
+@feature(COMPLETE_METHOD)
+async def complete(ls: SpecdServer, params: Any) -> dict[str, Any]:
+    """specd/complete: the inline completion with its token ids and stats
+    (``specd complete --server``)."""
+    request = ls.request(*ls.text_position(params))
+    result = await ls.complete(request)
+    return result.as_json()
+
+
+@feature(STATS_METHOD)
+def stats(ls: SpecdServer, params: Any) -> dict[str, Any]:
+    """specd/stats: metrics since the server started (aggregates only, no code)."""
+    return ls.service.stats()
+
+
+def accepted(ls: SpecdServer, completion_id: str) -> None:
+    """workspace/executeCommand specd.accepted: the user took a completion."""
+    ls.accepted(completion_id)

@@ -1,0 +1,107 @@
+"""Workspace drafting: an n-gram index over the open documents and the completions the
+user accepted, which the engine's drafter copies from (``Engine.stream(corpus=...)``).
+
+The event loop only *marks* what changed (a dictionary write per notification); the
+generation worker calls :meth:`WorkspaceIndex.refresh` before each generation and
+re-tokenizes just the documents marked since the last one. A burst of keystrokes therefore
+costs one re-index of one document, done when a completion is actually computed.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+
+from specd import CorpusIndex
+
+from .documents import Document
+from .prompting import scrub
+
+ACCEPTED = "specd:accepted"  # the index document holding accepted completions
+
+
+class WorkspaceIndex:
+    """One session's drafting index.
+
+    :param encode: text -> token ids (``Engine.tokenize``).
+    :param max_chars: documents longer than this are left out (tokenizing them on every
+        change would cost more than drafting saves).
+    :param accepted_history: how many accepted completions to remember.
+    """
+
+    def __init__(
+        self,
+        encode: Callable[[str], list[int]],
+        *,
+        max_chars: int = 1_000_000,
+        accepted_history: int = 64,
+        max_documents: int = 256,
+    ) -> None:
+        self._encode = encode
+        self.max_chars = max_chars
+        self.corpus = CorpusIndex(max_documents=max_documents + 1)
+        self._accepted: deque[list[int]] = deque(maxlen=max(accepted_history, 1))
+        self._keep_accepted = accepted_history > 0
+        self._lock = threading.Lock()
+        self._pending: dict[str, Document | None] = {}  # uri -> document to index, None: drop
+        self._pending_accepted: list[str] = []
+        self._tokens: dict[str, tuple[list[str], list[int]]] = {}  # uri -> (lines indexed, ids)
+        self.reindexed = 0  # documents re-tokenized so far (for tests and stats)
+
+    # -- called on the event loop ---------------------------------------------------------
+
+    def changed(self, doc: Document) -> None:
+        """``doc`` was opened or edited: re-index it before the next generation."""
+        with self._lock:
+            self._pending[doc.uri] = doc
+
+    def closed(self, uri: str) -> None:
+        with self._lock:
+            self._pending[uri] = None
+
+    def accepted(self, text: str) -> None:
+        """The user accepted a completion: draft from it too."""
+        if text and self._keep_accepted:
+            with self._lock:
+                self._pending_accepted.append(text)
+                del self._pending_accepted[: -self._accepted.maxlen]
+
+    # -- called by the generation worker --------------------------------------------------
+
+    def refresh(self) -> int:
+        """Apply what changed since the last call. :returns: documents re-tokenized."""
+        with self._lock:
+            pending, self._pending = self._pending, {}
+            accepted, self._pending_accepted = self._pending_accepted, []
+        n = 0
+        for uri, doc in pending.items():
+            if doc is None or len(doc.text) > self.max_chars:
+                self.corpus.remove(uri)
+                self._tokens.pop(uri, None)
+                continue
+            lines = doc.lines
+            ids = self.encode(doc.text)
+            self._tokens[uri] = (lines, ids)
+            self.corpus.set_document(uri, ids)
+            n += 1
+        if accepted:
+            for text in accepted:
+                self._accepted.append(self.encode(text))
+            self.corpus.set_document(ACCEPTED, [t for ids in self._accepted for t in ids])
+        self.reindexed += n
+        return n
+
+    def head_tokens(self, doc: Document, limit: int) -> list[int]:
+        """The first ``limit`` tokens of ``doc`` (from the index when it is current)."""
+        cached = self._tokens.get(doc.uri)
+        if cached is not None and cached[0] is doc.lines:
+            return cached[1][:limit]
+        # 8 characters per token covers code tokenizers with room to spare.
+        return self.encode(doc.head(limit * 8))[:limit]
+
+    def encode(self, text: str) -> list[int]:
+        return self._encode(scrub(text))
+
+    def __len__(self) -> int:
+        return len(self.corpus)
