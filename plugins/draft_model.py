@@ -51,7 +51,7 @@ class DraftModelDrafter(Drafter):
 
     name = "draft_model"
     #: Options ``specd verify`` uses to run this drafter on a tiny target.
-    conformance_options: ClassVar[dict[str, object]] = {"model": "tiny:1"}
+    conformance_options: ClassVar[dict[str, object]] = {"model": "tiny:0"}
 
     def __init__(
         self,
@@ -110,8 +110,10 @@ class DraftModelDrafter(Drafter):
                 try:
                     seed = int(spec.removeprefix("tiny:"))
                 except ValueError:
-                    raise BadInputError(f"draft_model model {spec!r}: expected tiny:SEED with an integer seed") from None
-                lm = tiny_model(ctx.vocab_size, hidden_size=32, num_layers=1, seed=seed, dtype=torch.float32)
+                    raise BadInputError(
+                        f"draft_model model {spec!r}: expected tiny:SEED with an integer seed"
+                    ) from None
+                lm = tiny_model(ctx.vocab_size, seed=seed, dtype=torch.float32)
                 self._model = Target(lm, None, name=spec)
                 self._loaded_for = ctx.vocab_size
                 self._cache = None
@@ -168,7 +170,9 @@ class DraftModelDrafter(Drafter):
             rows.extend([q] * len(kids))
             depth += 1
             # Extend the most probable child: for i.i.d. draws the highest q, else the first.
-            best = max(range(len(kids)), key=lambda i: float(q[kids[i]])) if self.tree == "iid" else 0
+            best = (
+                max(range(len(kids)), key=lambda i: float(q[kids[i]])) if self.tree == "iid" else 0
+            )
             confidence = float((logits.float().softmax(-1) if greedy else q)[kids[best]])
             if len(tokens) >= budget or not ctx.keep_drafting(depth, confidence):
                 break
@@ -182,7 +186,9 @@ class DraftModelDrafter(Drafter):
 
     # -- helpers --------------------------------------------------------------------------
 
-    def _children(self, logits: torch.Tensor, q: torch.Tensor, greedy: bool, generator: torch.Generator) -> list[int]:
+    def _children(
+        self, logits: torch.Tensor, q: torch.Tensor, greedy: bool, generator: torch.Generator
+    ) -> list[int]:
         if self.tree == "topk":
             k = min(self.branch, logits.shape[-1])
             return [int(t) for t in torch.topk(logits, k).indices]
@@ -190,7 +196,9 @@ class DraftModelDrafter(Drafter):
             return [int(q.argmax())]
         if self.branch == 1:
             return [sample(q, generator)]
-        return [int(t) for t in torch.multinomial(q, self.branch, replacement=True, generator=generator)]
+        return [
+            int(t) for t in torch.multinomial(q, self.branch, replacement=True, generator=generator)
+        ]
 
     @staticmethod
     def _fit(logits: torch.Tensor, vocab: int) -> torch.Tensor:

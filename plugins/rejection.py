@@ -66,16 +66,22 @@ class RejectionVerifier(Verifier):
     name = "rejection"
     exact_for = frozenset({"sampled", "greedy"})
 
-    def verify(self, draft: Draft, p: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> Verdict:
+    def verify(
+        self, draft: Draft, p: torch.Tensor, params: SamplingParams, generator: torch.Generator
+    ) -> Verdict:
         # p: [N + 1, V] float32 -> float64 so residuals of nearly equal rows keep their mass
         q = draft.q.to(torch.float64) if draft.q is not None else None  # [N, V] or None
-        path, token = self.walk(draft.tokens, draft.parents, p.to(torch.float64), q, self.chance(generator))
+        path, token = self.walk(
+            draft.tokens, draft.parents, p.to(torch.float64), q, self.chance(generator)
+        )
         return Verdict(path=path, token=int(token))
 
     def chance(self, generator: torch.Generator) -> Chance:
         return TorchChance(generator)
 
-    def walk(self, tokens: Sequence[int], parents: Sequence[int], p: Any, q: Any, chance: Chance) -> tuple[list[int], int]:
+    def walk(
+        self, tokens: Sequence[int], parents: Sequence[int], p: Any, q: Any, chance: Chance
+    ) -> tuple[list[int], int]:
         """Walk the draft tree from the root, accepting or rejecting children.
 
         :param tokens: node i's token id.

@@ -30,7 +30,11 @@ class Cell:
     @property
     def residual(self) -> float:
         """Standardised residual (o - e) / sqrt(e)."""
-        return (self.observed - self.expected) / math.sqrt(self.expected) if self.expected > 0 else math.inf
+        return (
+            (self.observed - self.expected) / math.sqrt(self.expected)
+            if self.expected > 0
+            else math.inf
+        )
 
 
 @dataclass
@@ -50,7 +54,9 @@ class GTest:
 
     def describe(self) -> str:
         if self.impossible is not None:
-            return f"outcome {self.impossible} was observed but has probability 0 under the exact law"
+            return (
+                f"outcome {self.impossible} was observed but has probability 0 under the exact law"
+            )
         text = f"G = {self.statistic:.1f} on {self.df} df, p = {self.p_value:.3g} (N = {self.n})"
         w = self.worst()
         if w is not None:
@@ -58,7 +64,11 @@ class GTest:
         return text
 
 
-def g_test(observed: Mapping[Hashable, int], law: Mapping[Hashable, float], min_expected: float = MIN_EXPECTED) -> GTest:
+def g_test(
+    observed: Mapping[Hashable, int],
+    law: Mapping[Hashable, float],
+    min_expected: float = MIN_EXPECTED,
+) -> GTest:
     """Test observed counts against an exact law.
 
     :param observed: outcome -> count.
@@ -73,7 +83,11 @@ def g_test(observed: Mapping[Hashable, int], law: Mapping[Hashable, float], min_
     if n == 0:
         return GTest(statistic=0.0, df=0, p_value=1.0, n=0)
     cells = sorted(
-        (Cell(key, observed.get(key, 0), n * prob / total) for key, prob in law.items() if prob > 0),
+        (
+            Cell(key, observed.get(key, 0), n * prob / total)
+            for key, prob in law.items()
+            if prob > 0
+        ),
         key=lambda c: c.expected,
     )
     # Pool the smallest cells until the pool itself is large enough.
@@ -81,10 +95,18 @@ def g_test(observed: Mapping[Hashable, int], law: Mapping[Hashable, float], min_
     while cells and cells[0].expected < min_expected:
         pooled.append(cells.pop(0))
     if pooled:
-        pool = Cell(("pooled", len(pooled)), sum(c.observed for c in pooled), sum(c.expected for c in pooled))
+        pool = Cell(
+            ("pooled", len(pooled)),
+            sum(c.observed for c in pooled),
+            sum(c.expected for c in pooled),
+        )
         if pool.expected < min_expected and cells:
             first = cells.pop(0)
-            pool = Cell(("pooled", len(pooled) + 1), pool.observed + first.observed, pool.expected + first.expected)
+            pool = Cell(
+                ("pooled", len(pooled) + 1),
+                pool.observed + first.observed,
+                pool.expected + first.expected,
+            )
         cells.append(pool)
     g = 2.0 * sum(c.observed * math.log(c.observed / c.expected) for c in cells if c.observed > 0)
     df = len(cells) - 1
@@ -163,7 +185,13 @@ def kl_divergence(true: Mapping[Hashable, float], claimed: Mapping[Hashable, flo
     return out
 
 
-def detection_probability(true: Mapping[Hashable, float], claimed: Mapping[Hashable, float], n: int, df: int, alpha: float = ALPHA) -> float:
+def detection_probability(
+    true: Mapping[Hashable, float],
+    claimed: Mapping[Hashable, float],
+    n: int,
+    df: int,
+    alpha: float = ALPHA,
+) -> float:
     """A lower bound on the probability that N samples from ``true`` fail the G-test against
     ``claimed``: through an impossible outcome, or through the statistic."""
     t_total = sum(true.values())
