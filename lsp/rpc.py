@@ -25,6 +25,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+import attrs
 import cattrs
 from lsprotocol import types
 from pygls.protocol import LanguageServerProtocol, lsp_method
@@ -40,6 +41,19 @@ PARSE_ERROR, INVALID_REQUEST, INVALID_PARAMS, INTERNAL_ERROR = -32700, -32600, -
 SERVER_NOT_INITIALIZED = -32002
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 _CHUNK = 1 << 20
+
+
+@attrs.define
+class TextPositionRequest:
+    """A request of our own (``specd/complete``) whose params are a text position."""
+
+    id: int | str
+    params: types.TextDocumentPositionParams
+    method: str
+    jsonrpc: str = "2.0"
+
+
+TYPED_METHODS: dict[str, type] = {"specd/complete": TextPositionRequest}
 
 
 class SpecdProtocol(LanguageServerProtocol):
@@ -106,7 +120,7 @@ class SpecdProtocol(LanguageServerProtocol):
         self._send_data({"jsonrpc": "2.0", "id": msg_id, "error": {"code": code, "message": message}})
 
     def _structure(self, data: dict[str, Any], has_id: bool, method: str | None) -> Any:
-        typed = self.get_message_type(method) if method is not None else None
+        typed = (TYPED_METHODS.get(method) or self.get_message_type(method)) if method is not None else None
         if typed is None and method is not None:
             # Our own methods (specd/...) and unknown ones: params stay plain JSON.
             if has_id:

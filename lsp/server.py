@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from lsprotocol import types
-from pygls.exceptions import FeatureRequestError, JsonRpcInvalidParams
+from pygls.exceptions import FeatureRequestError
 from pygls.lsp.server import LanguageServer
 
 from specd import Engine, SamplingParams, __version__
@@ -286,14 +286,6 @@ class SpecdServer(LanguageServer):
         value = [self.protocol._converter.unstructure(item)]
         self.protocol.notify(types.PROGRESS, types.ProgressParams(token=token, value=value))
 
-    def text_position(self, params: Any) -> tuple[str, types.Position]:
-        """(uri, position) from the params of one of our own requests."""
-        try:
-            p = self.protocol._converter.structure(params, types.TextDocumentPositionParams)
-        except Exception as e:  # noqa: BLE001
-            raise JsonRpcInvalidParams.of(ValueError("expected {textDocument: {uri}, position: {line, character}}")) from e
-        return p.text_document.uri, p.position
-
     def _key(self, uri: str) -> str:
         return f"{self.session_id}:{uri}"
 
@@ -388,10 +380,10 @@ async def completion(ls: SpecdServer, params: types.CompletionParams) -> list[ty
 
 
 @feature(COMPLETE_METHOD)
-async def complete(ls: SpecdServer, params: Any) -> dict[str, Any]:
+async def complete(ls: SpecdServer, params: types.TextDocumentPositionParams) -> dict[str, Any]:
     """specd/complete: the inline completion with its token ids and stats
     (``specd complete --server``)."""
-    request = ls.request(*ls.text_position(params))
+    request = ls.request(params.text_document.uri, params.position)
     result = await ls.complete(request)
     return result.as_json()
 

@@ -26,9 +26,10 @@ class RawClient:
     """A byte-level LSP client over a server subprocess's stdio, for sending what a
     well-behaved client never would."""
 
-    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, *args: str, env: dict[str, str] | None = None, verbose: int = 0) -> None:
+        command = SERVER if not verbose else [*SERVER[:3], "-" + "v" * verbose, *SERVER[3:]]
         self.proc = subprocess.Popen(
-            [*SERVER, *args],
+            [*command, *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
