@@ -3,11 +3,13 @@
 The request's own tokens are indexed incrementally (each committed token adds O(max_n)
 entries); when they hold no match, the engine's corpus (open documents, accepted
 completions) is searched. The draft is deterministic, so the verifier sees a one-hot q.
+With ``branches > 1`` the continuations of several earlier occurrences that disagree are
+merged into a token tree, verified in the same single target pass.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from specd import Draft, DraftContext, Drafter, NgramIndex, hookimpl
 
@@ -15,31 +17,70 @@ from specd import Draft, DraftContext, Drafter, NgramIndex, hookimpl
 class NgramDrafter(Drafter):
     """:param min_n: shortest n-gram to match. :param max_n: longest n-gram to match.
     :param max_draft: cap on proposed tokens (the engine's budget also applies).
-    :param use_corpus: also search the engine's corpus when the request has no match."""
+    :param use_corpus: also search the engine's corpus when the request has no match.
+    :param branches: >1 drafts a tree from up to this many disagreeing occurrences (the
+        most recent one is the trunk).
+    :param branch_len: nodes given to each branch other than the trunk."""
 
     name = "ngram"
 
     def __init__(
-        self, min_n: int = 1, max_n: int = 4, max_draft: int = 16, use_corpus: bool = True
+        self,
+        min_n: int = 1,
+        max_n: int = 4,
+        max_draft: int = 16,
+        use_corpus: bool = True,
+        branches: int = 1,
+        branch_len: int = 2,
     ) -> None:
         self.min_n = int(min_n)
         self.max_n = int(max_n)
         self.max_draft = int(max_draft)
         self.use_corpus = bool(use_corpus)
-        self._index = NgramIndex(min_n=self.min_n, max_n=self.max_n)
+        self.branches = max(1, int(branches))
+        self.branch_len = max(1, int(branch_len))
+        self._index = self._new_index(())
+
+    def _new_index(self, tokens: Iterable[int]) -> NgramIndex:
+        return NgramIndex(tokens, min_n=self.min_n, max_n=self.max_n, keep=self.branches)
 
     def start(self, ctx: DraftContext) -> None:
-        self._index = NgramIndex(ctx.tokens, min_n=self.min_n, max_n=self.max_n)
+        self._index = self._new_index(ctx.tokens)
 
     def propose(self, ctx: DraftContext, budget: int) -> Draft | None:
         budget = min(budget, self.max_draft)
-        tokens = self._index.lookup_self(budget)
-        if not tokens and self.use_corpus and ctx.corpus is not None:
-            tokens = ctx.corpus.lookup(self._index.tokens, budget)
-        return Draft.chain(tokens) if tokens else None
+        options = self._index.continuations(self._index.tokens, budget, self.branches)
+        if not options and self.use_corpus and ctx.corpus is not None:
+            options = [ctx.corpus.lookup(self._index.tokens, budget)]
+        return _trie(options, budget, self.branch_len)
 
     def commit(self, ctx: DraftContext, new_tokens: Sequence[int], accepted: int) -> None:
         self._index.extend(new_tokens)
+
+
+def _trie(options: list[list[int]], budget: int, branch_len: int) -> Draft | None:
+    """Merge continuations into a token tree with distinct siblings, within ``budget``
+    nodes. The first continuation (the trunk) gets what the other branches leave."""
+    options = [o for o in options if o]
+    if not options:
+        return None
+    if len(options) == 1:
+        return Draft.chain(options[0][:budget])
+    trunk = max(budget - branch_len * (len(options) - 1), 1)
+    tokens: list[int] = []
+    parents: list[int] = []
+    children: dict[tuple[int, int], int] = {}  # (parent node, token) -> node
+    for seq, length in zip(options, [trunk] + [branch_len] * (len(options) - 1)):
+        node = -1
+        for t in seq[:length]:
+            if (node, t) not in children:
+                if len(tokens) >= budget:
+                    break
+                children[(node, t)] = len(tokens)
+                tokens.append(t)
+                parents.append(node)
+            node = children[(node, t)]
+    return Draft(tokens=tokens, parents=parents)
 
 
 @hookimpl

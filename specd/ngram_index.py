@@ -23,13 +23,19 @@ class Corpus(Protocol):
 class NgramIndex:
     """An append-only token sequence with an n-gram -> continuation-start index."""
 
-    def __init__(self, tokens: Iterable[int] = (), *, min_n: int = 1, max_n: int = 4) -> None:
+    def __init__(
+        self, tokens: Iterable[int] = (), *, min_n: int = 1, max_n: int = 4, keep: int = 1
+    ) -> None:
         if not (1 <= min_n <= max_n):
             raise ValueError(f"need 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
         self.min_n = min_n
         self.max_n = max_n
+        self.keep = keep  # occurrences remembered per n-gram (for alternative continuations)
         self.tokens: list[int] = []
         self._index: dict[tuple[int, ...], int] = {}
+        self._older: dict[tuple[int, ...], list[int]] = {}
         self.extend(tokens)
 
     def __len__(self) -> int:
@@ -46,7 +52,14 @@ class NgramIndex:
                 start = end - n
                 if start < 0:
                     break
-                index[tuple(toks[start:end])] = end
+                key = tuple(toks[start:end])
+                if self.keep > 1:
+                    prev = index.get(key)
+                    if prev is not None:
+                        older = self._older.setdefault(key, [])
+                        older.insert(0, prev)
+                        del older[self.keep - 1 :]
+                index[key] = end
 
     def truncate(self, length: int) -> None:
         """Drop tokens past ``length``. Entries pointing past it are removed lazily by
@@ -63,6 +76,23 @@ class NgramIndex:
             if pos is not None and pos < len(toks) and tuple(toks[pos - n : pos]) == key:
                 return pos, n
         return -1, 0
+
+    def continuations(self, suffix: Sequence[int], budget: int, limit: int) -> list[list[int]]:
+        """Up to ``limit`` continuations of the longest matching n-gram, most recent first,
+        each starting with a different token (needs ``keep > 1`` for more than one)."""
+        pos, n = self.match(suffix)
+        if pos < 0 or budget <= 0:
+            return []
+        key = tuple(suffix[len(suffix) - n :])
+        out = [self.tokens[pos : pos + budget]]
+        firsts = {out[0][0]}
+        for p in self._older.get(key, ()):
+            if len(out) >= limit:
+                break
+            if p < len(self.tokens) and tuple(self.tokens[p - n : p]) == key and self.tokens[p] not in firsts:
+                firsts.add(self.tokens[p])
+                out.append(self.tokens[p : p + budget])
+        return out
 
     def lookup(self, suffix: Sequence[int], budget: int) -> list[int]:
         pos, _ = self.match(suffix)

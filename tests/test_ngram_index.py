@@ -51,3 +51,21 @@ def test_corpus_prefers_the_longest_match():
     assert corpus.lookup([1, 2, 3], 2) == [4]  # "1 2 3" only in a
     corpus.remove("a")
     assert corpus.lookup([1, 2, 3], 2) == [5, 6]
+
+
+def test_continuations_are_distinct_and_most_recent_first():
+    idx = NgramIndex([1, 2, 5, 9, 1, 2, 6, 9, 1, 2, 5, 8, 1, 2], min_n=1, max_n=2, keep=3)
+    conts = idx.continuations(idx.tokens, 3, limit=3)
+    assert conts == [[5, 8, 1], [6, 9, 1]]  # the older "1 2 5" repeats a first token
+
+
+def test_ngram_tree_drafts_are_identical_to_plain():
+    from specd import Engine, SamplingParams
+    from specd.testing import tiny_target
+
+    target = tiny_target(48, seed=2, logit_scale=30.0)
+    engine = Engine(target, drafter_options={"ngram": {"branches": 3}}, exit_policy="fixed")
+    for prompt in ([1, 2, 5, 9, 1, 2, 6, 9, 1, 2, 7, 3, 1, 2] * 2, [4, 4, 4, 1, 4, 4, 2]):
+        tree = engine.generate(prompt, SamplingParams(max_tokens=24))
+        plain = engine.generate(prompt, SamplingParams(max_tokens=24), drafter="none")
+        assert tree.token_ids == plain.token_ids
