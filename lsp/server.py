@@ -112,7 +112,7 @@ class SpecdServer(LanguageServer):
         self.ended = False
         self._on_end = on_end
         self._recent: OrderedDict[str, str] = OrderedDict()  # completion id -> text shown
-        self._partial_sent: dict[Any, str] = {}
+        self._partial_sent: OrderedDict[Any, str] = OrderedDict()  # token -> text sent
         for method, options, handler in FEATURES:
             self.feature(method, options)(handler)
         self.command(ACCEPT_COMMAND)(accepted)
@@ -279,6 +279,8 @@ class SpecdServer(LanguageServer):
         if token in self._partial_sent or not text.strip() or self.ended:
             return
         self._partial_sent[token] = text
+        while len(self._partial_sent) > RECENT_COMPLETIONS:  # tokens of cancelled requests
+            self._partial_sent.popitem(last=False)
         self._send_progress(token, request, text, rank=0)
 
     def _send_progress(self, token: Any, request: CompletionRequest, text: str, *, rank: int) -> None:
