@@ -26,9 +26,11 @@ from .results import Result
 
 VOCAB = 8
 HORIZON = 4
-#: Sampled sequences per drafter. With 16 cells (15 df) this rejects a law 0.02 nats away
-#: from the target's with probability 0.999 at ALPHA (docs/verification.md).
-ENGINE_SAMPLES = 2400
+#: The smallest departure from the target's law (KL, nats) the sampled check is sized to
+#: catch: with ENGINE_SAMPLES sequences (16 cells, at most 15 df) the G-test rejects it with
+#: probability >= 0.999 at ALPHA (docs/verification.md).
+ENGINE_SENSITIVITY_KL = 0.02
+ENGINE_SAMPLES = 2_400
 SAMPLED = dict(temperature=1.0, top_k=2, top_p=0.95)
 GREEDY_TOKENS = 16
 SEEDED_REPEATS = 20

@@ -115,9 +115,10 @@ def g_test(
 
 
 def chi2_sf(x: float, df: int) -> float:
-    """P(X > x) for X chi-square with ``df`` degrees of freedom (df = 0: a point mass at 0)."""
+    """P(X > x) for X chi-square with ``df`` degrees of freedom. With df = 0 (a single cell)
+    there is nothing to test and the answer is 1."""
     if df <= 0:
-        return 1.0 if x <= 0 else 0.0
+        return 1.0
     if x <= 0:
         return 1.0
     a = torch.tensor(df / 2.0, dtype=torch.float64)
@@ -141,6 +142,10 @@ def chi2_critical(df: int, alpha: float = ALPHA) -> float:
 def power(df: int, noncentrality: float, alpha: float = ALPHA) -> float:
     """P(reject) for a G-test when the truth is noncentral chi-square(df, noncentrality)."""
     crit = chi2_critical(df, alpha)
+    noncentrality = max(noncentrality, 0.0)
+    mean, sd = df + noncentrality, math.sqrt(2.0 * (df + 2.0 * noncentrality))
+    if crit < mean - 12.0 * sd:  # the critical value is far below the bulk: power is 1
+        return 1.0
     half = noncentrality / 2.0
     if half == 0:
         return chi2_sf(crit, df)
