@@ -1,0 +1,227 @@
+"""Workspace index, metrics, the generation worker and the completion pipeline, without a
+server (the completion pipeline runs a tiny random model in-process)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from specd.lsp.completer import Completer, CompletionRequest
+from specd.lsp.config import Settings
+from specd.lsp.documents import Document
+from specd.lsp.metrics import Metrics, percentile
+from specd.lsp.scheduler import Job, Worker
+from specd.lsp.workspace import ACCEPTED, WorkspaceIndex
+
+from specd import Engine, SamplingParams, Stats
+from specd.testing import tiny_target
+
+
+def _encode(text: str) -> list[int]:
+    return [ord(c) for c in text]
+
+
+# -- workspace index ------------------------------------------------------------------------
+
+
+def test_only_changed_documents_are_reindexed_and_lazily():
+    ws = WorkspaceIndex(_encode)
+    a, b = Document("a", "alpha beta gamma"), Document("b", "one two three")
+    ws.changed(a)
+    ws.changed(b)
+    assert ws.reindexed == 0  # nothing happens until a generation asks
+    assert ws.refresh() == 2
+    for i in range(10):  # a burst of keystrokes in one document
+        a.apply_change("x", a.resolve(0, i), a.resolve(0, i))
+        ws.changed(a)
+    assert ws.refresh() == 1 and ws.refresh() == 0
+    assert ws.corpus.lookup(_encode("one tw"), 4) == _encode("o th")
+
+
+def test_closed_and_oversized_documents_leave_the_index():
+    ws = WorkspaceIndex(_encode, max_chars=20)
+    small, big = Document("s", "small text here"), Document("b", "x" * 50)
+    ws.changed(small)
+    ws.changed(big)
+    ws.refresh()
+    assert "s" in ws.corpus and "b" not in ws.corpus
+    ws.closed("s")
+    ws.refresh()
+    assert len(ws) == 0
+
+
+def test_accepted_completions_are_drafted_from_and_bounded():
+    ws = WorkspaceIndex(_encode, accepted_history=2)
+    for text in ("first_accepted", "second_accepted", "third_accepted"):
+        ws.accepted(text)
+    ws.refresh()
+    assert ACCEPTED in ws.corpus
+    assert ws.corpus.lookup(_encode("thir"), 3) == _encode("d_a")
+    assert ws.corpus.lookup(_encode("firs"), 3) == []  # only the last two are kept
+
+
+def test_head_tokens_reuse_the_index_when_current():
+    calls = []
+    ws = WorkspaceIndex(lambda t: calls.append(t) or _encode(t))
+    doc = Document("d", "abcdef")
+    ws.changed(doc)
+    ws.refresh()
+    calls.clear()
+    assert ws.head_tokens(doc, 3) == _encode("abc") and calls == []
+    doc.apply_change("Z", doc.resolve(0, 0), doc.resolve(0, 0))
+    assert ws.head_tokens(doc, 3) == _encode("Zab") and calls  # stale: tokenized again
+
+
+def test_lone_surrogates_are_scrubbed_before_tokenizing():
+    seen = []
+    ws = WorkspaceIndex(lambda t: seen.append(t) or _encode(t))
+    ws.changed(Document("d", "a\ud800b"))
+    ws.refresh()
+    assert seen == ["a\ufffdb"]
+
+
+# -- metrics ----------------------------------------------------------------------------------
+
+
+def test_metrics_aggregate_acceptance_and_latency():
+    m = Metrics()
+    s = Stats(prompt_tokens=10, new_tokens=7, target_steps=4, drafted=6, accepted=3, reused_tokens=8, ttft_s=0.1, total_s=0.7)
+    s.position_drafted, s.position_accepted = [3, 2, 1], [2, 1, 0]
+    m.record(s, text="x")
+    snap = m.snapshot()
+    acc = snap["acceptance"]
+    assert acc["mean_length"] == 7 / 4
+    assert acc["position_rates"] == [2 / 3, 1 / 2, 0.0]
+    # 4 steps: 2 accepted nothing, 1 accepted one draft token, 1 accepted two
+    assert acc["histogram"] == {"1": 2, "2": 1, "3": 1}
+    assert snap["latency"]["ttft_s"]["p50"] == 0.1
+    assert snap["prefix_cache"]["reused_fraction"] == 0.8
+    assert "text" not in str(snap) or "x" not in snap.values()
+
+
+def test_percentile():
+    assert percentile([], 50) == 0.0
+    assert percentile([3, 1, 2], 50) == 2
+    assert percentile(list(range(1, 101)), 95) == 95
+
+
+# -- the generation worker --------------------------------------------------------------------
+
+
+def _job(key, log, gate=None, record=None):
+    def run(job):
+        log.append(("start", key))
+        if gate is not None:
+            while not gate.is_set() and not job.cancelled:
+                time.sleep(0.001)
+        return key
+
+    sink = record if record is not None else []
+    return Job(key=key, run=run, done=lambda r, e, j: sink.append((key, r, j.reason)))
+
+
+def test_a_newer_job_supersedes_queued_and_running_ones():
+    log, done = [], []
+    running = Metrics()
+    worker = Worker(on_start=running.generation_started, on_end=running.generation_ended)
+    gate = threading.Event()
+    a = _job("doc", log, gate, done)
+    worker.submit(a)
+    while not log:
+        time.sleep(0.001)
+    b = _job("doc", log, gate, done)
+    other = _job("other", log, gate, done)
+    worker.submit(other)
+    worker.submit(b)
+    c = _job("doc", log, None, done)
+    worker.submit(c)  # b never started: it is dropped at once
+    gate.set()
+    deadline = time.monotonic() + 10
+    while worker.pending and time.monotonic() < deadline:
+        time.sleep(0.001)
+    worker.stop()
+    assert a.cancelled and a.reason == "superseded"
+    assert b.reason == "superseded" and log.count(("start", "doc")) == 2 and ("start", "other") in log
+    assert ("doc", None, "superseded") in done  # b, settled without running
+    assert running.max_running == 1
+
+
+def test_cancel_key_prefix_and_stop():
+    log, done = [], []
+    worker = Worker()
+    gate = threading.Event()
+    jobs = [_job(f"1:{i}", log, gate, done) for i in range(3)] + [_job("2:x", log, gate, done)]
+    for j in jobs:
+        worker.submit(j)
+    worker.cancel_key("1:*", "changed")
+    gate.set()
+    deadline = time.monotonic() + 10
+    while worker.pending and time.monotonic() < deadline:
+        time.sleep(0.001)
+    worker.stop()
+    assert all(j.reason == "changed" for j in jobs[:3]) and jobs[3].reason is None
+    assert ("2:x", "2:x", None) in done
+    late = _job("3:y", log, None, done)
+    worker.submit(late)
+    assert late.reason == "shutdown"
+
+
+# -- the completion pipeline ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def completer():
+    return Completer(Engine(tiny_target(logit_scale=8.0)), SamplingParams(max_tokens=12))
+
+
+def _request(doc: Document, line: int, col: int, **kw) -> CompletionRequest:
+    cursor = doc.cursor(doc.resolve(line, col), before_chars=4000, after_chars=400)
+    return CompletionRequest(cursor, "main.py", kw.pop("settings", Settings()), uri=doc.uri, **kw)
+
+
+def test_a_one_character_edit_reuses_all_but_the_new_token(completer):
+    doc = Document("file:///w/main.py", "def total(values):\n    result = 0\n    for v in values:\n        result = ")
+    first = completer.complete(_request(doc, 3, 17))
+    assert first.text and first.stats.new_tokens
+    doc.apply_change("r", doc.resolve(3, 17), doc.resolve(3, 17))
+    second = completer.complete(_request(doc, 3, 18))
+    assert second.stats.reused_tokens == second.stats.prompt_tokens - 1
+
+
+def test_workspace_drafting_and_context_from_other_documents(completer):
+    doc = Document("file:///w/main.py", "import helpers\nx = ")
+    other = Document("file:///w/helpers.py", "def helper(value):\n    return value * 2\n")
+    ws = WorkspaceIndex(completer.engine.tokenize)
+    ws.changed(doc)
+    ws.changed(other)
+    req = _request(doc, 1, 4, others=[other], workspace=ws)
+    prompt = completer.build_prompt(req)
+    text = completer.engine.tokenizer.decode(prompt.ids)
+    assert text.startswith("# helpers.py") and text.endswith("# main.py" + "import helpers" + "x = ")  # CharTokenizer drops \n
+    result = completer.complete(req)
+    assert ws.reindexed == 2 and result.finish_reason
+
+
+def test_cancel_before_and_during(completer):
+    doc = Document("file:///w/main.py", "x = ")
+    req = _request(doc, 0, 4)
+    req.cancel.set()
+    assert completer.complete(req).finish_reason == "cancelled"
+    req = _request(doc, 0, 4, settings=Settings(max_tokens=20_000, time_budget_ms=60_000))
+    threading.Timer(0.2, req.cancel.set).start()
+    t0 = time.monotonic()
+    result = completer.complete(req)
+    assert result.finish_reason == "cancelled" and result.text == ""
+    assert time.monotonic() - t0 < 10
+
+
+def test_time_budget_ends_a_request(completer):
+    doc = Document("file:///w/main.py", "x = ")
+    result = completer.complete(_request(doc, 0, 4, settings=Settings(max_tokens=50_000, time_budget_ms=200)))
+    assert result.finish_reason == "time" and result.stats.new_tokens < 50_000
+
+
+def test_lone_surrogates_in_a_document(completer):
+    doc = Document("file:///w/main.py", "s = '\ud800\udfff'\nx = ")
+    assert completer.complete(_request(doc, 1, 4)).finish_reason
