@@ -12,6 +12,7 @@ from .draft import Draft, Verdict
 from .sampling import SamplingParams
 
 if TYPE_CHECKING:
+    from .kvcache import KVCache
     from .ngram_index import Corpus
     from .target import Target
 
@@ -22,8 +23,10 @@ class DraftContext:
 
     ``tokens`` is the committed sequence (prompt + generated so far) and grows in place.
     ``target`` gives access to the served model for drafters that share it (early exit,
-    EAGLE); ``hidden`` holds the target's last hidden state at the last committed
-    position when the drafter asked for hidden states. ``corpus`` is extra text to draft
+    EAGLE); ``cache`` is the target's KV cache for this request, holding every committed
+    token but the last: a drafter may append to it while it drafts and must crop it back
+    to the length it found. ``hidden`` holds the target's last hidden states for the
+    tokens committed by the last step when the drafter asked for hidden states. ``corpus`` is extra text to draft
     from (open documents, recently accepted completions), or None.
     """
 
@@ -35,6 +38,7 @@ class DraftContext:
     corpus: Corpus | None = None
     exit_policy: ExitPolicy | None = None
     hidden: torch.Tensor | None = None
+    cache: KVCache | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def keep_drafting(self, position: int, confidence: float) -> bool:

@@ -306,6 +306,7 @@ class Engine:
             target=self.target,
             corpus=req.corpus,
             exit_policy=spec.policy,
+            cache=cache,
         )
         try:
             spec.start(ctx)
