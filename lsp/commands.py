@@ -9,6 +9,7 @@ download nothing (its completions are random characters).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import sys
@@ -75,6 +76,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     params = sampling_params(args)
     engine = _engine(args)
     warm_up(engine)
+    # The model and the libraries are loaded for good: keep the collector from walking
+    # their objects again, during requests and at exit.
+    gc.freeze()
     service = Service(engine, params, settings=settings, settings_messages=messages)
     for handler in logging.getLogger().handlers:
         handler.addFilter(RedactPayloads(lambda: not service.settings.log_code))
