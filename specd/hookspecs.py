@@ -2,6 +2,9 @@
 
 Each hook receives a ``register`` callback; call it once per class you provide. Plugins are
 found through the ``specd`` entry-point group, the same way for first- and third-party code.
+Every implementation is called (no hook is ``firstresult``), and a hook may be called again
+for each lookup by name, so an implementation only registers classes and does no other work.
+docs/plugins.md documents each hook and the contracts of the classes registered.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ def specd_register_drafters(register: Callable[[type], None]) -> None:
 
     :param register: call ``register(cls)`` for each :class:`specd.Drafter` subclass; its
         ``name`` attribute is what ``--drafter`` accepts. Keyword options given with
-        ``--drafter-option key=value`` are passed to the constructor.
+        ``--drafter-option key=value`` are passed to the constructor; one instance serves
+        every request of an engine.
     :returns: nothing; results are collected through ``register``.
     """
 
@@ -30,7 +34,9 @@ def specd_register_verifiers(register: Callable[[type], None]) -> None:
     """Register verifier classes.
 
     :param register: call ``register(cls)`` for each :class:`specd.Verifier` subclass; its
-        ``name`` attribute is what ``--verifier`` accepts.
+        ``name`` attribute is what ``--verifier`` accepts, and its ``exact_for`` lists the
+        decoding modes ("greedy", "sampled") it keeps exact. It is constructed without
+        arguments.
     :returns: nothing; results are collected through ``register``.
     """
 
@@ -40,6 +46,7 @@ def specd_register_exit_policies(register: Callable[[type], None]) -> None:
     """Register exit-policy classes.
 
     :param register: call ``register(cls)`` for each :class:`specd.ExitPolicy` subclass;
-        its ``name`` attribute is what ``--exit-policy`` accepts.
+        its ``name`` attribute is what ``--exit-policy`` accepts. A new instance is
+        constructed, without arguments, for every request.
     :returns: nothing; results are collected through ``register``.
     """
