@@ -50,6 +50,12 @@ def test_hook_has_a_section_in_plugins_md(name):
 
 
 @pytest.mark.parametrize("name", sorted(HOOKSPECS))
+def test_hook_is_in_the_architecture_hook_list(name):
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    assert f"`{name}(" in text, f"docs/architecture.md does not list the hook {name}"
+
+
+@pytest.mark.parametrize("name", sorted(HOOKSPECS))
 def test_hook_docstring_describes_params_and_result(name):
     spec = HOOKSPECS[name]
     doc = inspect.getdoc(spec.function) or ""

@@ -82,7 +82,7 @@ def test_specd_plugins_lists_the_installed_example(installed_example):
     reason="`specd verify` (specd.conformance.command) is not part of this checkout yet",
 )
 def test_specd_verify_passes_the_installed_example(installed_example):
-    done = _specd("verify", "--drafter", DRAFTER, timeout=900)
+    done = _specd("verify", "--drafter", DRAFTER, timeout=500)
     assert done.returncode == 0, (
         f"specd verify --drafter {DRAFTER} failed:\n{done.stdout}\n{done.stderr}"
     )
