@@ -34,6 +34,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     where.add_argument("--stdio", action="store_true", help="talk LSP on stdin/stdout (what editors start)")
     where.add_argument("--tcp", metavar="HOST:PORT", help="listen on a loopback address, e.g. 127.0.0.1:8765 (port 0: any free port)")
     p.add_argument("--allow-remote", action="store_true", help="allow --tcp on a non-loopback address (no authentication: trusted networks only)")
+    p.add_argument("--cache-entries", type=int, default=None, metavar="N", help="KV caches kept for prefix reuse, least recently used evicted first (default: the engine's, 4)")
+    p.add_argument("--cache-mib", type=int, default=None, metavar="MIB", help="cap on the memory of those KV caches (default: no cap beyond the count)")
     _add_common(p)
     p.set_defaults(func=cmd_serve)
 
@@ -74,7 +76,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     address = parse_address(args.tcp, allow_remote=args.allow_remote) if args.tcp else None
     settings, messages = _settings(args, strict=False)
     params = sampling_params(args)
+    if args.cache_entries is not None and args.cache_entries < 1:
+        raise BadInputError(f"--cache-entries {args.cache_entries}: must be at least 1")
+    if args.cache_mib is not None and args.cache_mib < 1:
+        raise BadInputError(f"--cache-mib {args.cache_mib}: must be at least 1")
     engine = _engine(args)
+    if args.cache_entries is not None:
+        engine.prefix_cache.max_entries = args.cache_entries
+    if args.cache_mib is not None:
+        engine.prefix_cache.max_bytes = args.cache_mib * 2**20
     warm_up(engine)
     # The model and the libraries are loaded for good: keep the collector from walking
     # their objects again, during requests and at exit.

@@ -262,17 +262,18 @@ class SpecdServer(LanguageServer):
             return types.InlineCompletionList(items=[])
         return convert.inline_list(result.text, request.cursor, self.encoding, self.accept_command(result.text))
 
-    def completion_result(self, request: CompletionRequest | None, result: CompletionResult, partial_token: Any) -> list[types.CompletionItem]:
-        """Items for ``textDocument/completion``. With partial results, the whole
-        completion goes through ``$/progress`` too and the response itself is empty."""
-        if request is None or not result.text:
-            self._partial_sent.pop(partial_token, None)
-            return []
-        if partial_token is None:
-            return [convert.completion_item(result.text, request.cursor, self.encoding, self.accept_command(result.text))]
-        if self._partial_sent.pop(partial_token, None) != result.text:
-            self._send_progress(partial_token, request, result.text, rank=1)
-        return []
+    def completion_result(self, request: CompletionRequest | None, result: CompletionResult, partial_token: Any) -> types.CompletionList:
+        """Items for ``textDocument/completion``, marked incomplete so the client asks
+        again as the user types. With partial results, the completion goes through
+        ``$/progress`` and the response itself is empty, as the protocol asks."""
+        items: list[types.CompletionItem] = []
+        if request is not None and result.text:
+            if partial_token is None:
+                items = [convert.completion_item(result.text, request.cursor, self.encoding, self.accept_command(result.text))]
+            elif self._partial_sent.get(partial_token) != result.text:
+                self._send_progress(partial_token, request, result.text, rank=1)
+        self._partial_sent.pop(partial_token, None)
+        return types.CompletionList(is_incomplete=True, items=items)
 
     def _send_partial(self, token: Any, request: CompletionRequest, text: str) -> None:
         """First finished line(s) of a completion still running: send them as an item."""
@@ -373,7 +374,7 @@ async def inline_completion(ls: SpecdServer, params: types.InlineCompletionParam
 
 
 @feature(types.TEXT_DOCUMENT_COMPLETION, types.CompletionOptions(resolve_provider=False))
-async def completion(ls: SpecdServer, params: types.CompletionParams) -> list[types.CompletionItem]:
+async def completion(ls: SpecdServer, params: types.CompletionParams) -> types.CompletionList:
     """textDocument/completion: the completion as an item; with a partialResultToken,
     first lines and then the whole stream through ``$/progress``."""
     request = ls.request(params.text_document.uri, params.position, partial_token=params.partial_result_token)

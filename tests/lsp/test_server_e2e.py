@@ -123,7 +123,7 @@ async def test_partial_results_arrive_through_progress(client: LanguageClient):
     result = await client.text_document_completion_async(
         types.CompletionParams(types.TextDocumentIdentifier(URI), types.Position(3, 11), partial_result_token=token)
     )
-    assert result == []  # with partial results the response itself carries none
+    assert not result.items and result.is_incomplete  # with partial results the response carries none
     reports = client.progress_reports.get(token)
     assert reports, "no $/progress with partial results"
     item = reports[-1][0]
@@ -133,8 +133,8 @@ async def test_partial_results_arrive_through_progress(client: LanguageClient):
 
 async def test_completion_without_partial_results_returns_the_item(client: LanguageClient):
     result = await client.text_document_completion_async(types.CompletionParams(types.TextDocumentIdentifier(URI), types.Position(3, 11)))
-    items = result if isinstance(result, list) else result.items
-    assert len(items) == 1 and items[0].text_edit.new_text
+    assert result.is_incomplete  # the client asks again as the user types
+    assert len(result.items) == 1 and result.items[0].text_edit.new_text
 
 
 async def _wait_running(client: LanguageClient) -> None:
@@ -157,10 +157,13 @@ async def test_cancel_request_answers_request_cancelled(client: LanguageClient):
             await future
         answered_in = time.monotonic() - t0
         after = await _stats(client)
+        while after["generations"]["running"] and time.monotonic() - t0 < 5:
+            after = await _stats(client)  # the generation stops at its next decode step
+        stopped_in = time.monotonic() - t0
+        assert after["generations"]["running"] == 0
         assert after["cancellations"]["client"] == before["cancellations"]["client"] + 1
         assert after["completed"] == before["completed"]  # it stopped; it did not run to the end
-        assert after["generations"]["running"] == 0
-        assert answered_in < 2.0
+        assert answered_in < 2.0 and stopped_in < 2.0
     finally:
         await _configure(client, **{"max-tokens": 24})
 
@@ -199,7 +202,7 @@ async def test_burst_of_50_keystrokes_runs_one_generation_at_a_time(client: Lang
     assert not unexpected
     assert not isinstance(results[-1], BaseException) and len(results[-1].items) == 1  # the newest is answered
     cancelled = sum(isinstance(r, JsonRpcRequestCancelled) for r in results)
-    assert cancelled >= 40  # each keystroke made the previous request stale
+    assert cancelled >= 25  # keystrokes made the earlier requests stale
     assert after["generations"]["max_running"] == 1
     started = after["generations"]["started"] - before["generations"]["started"]
     assert started <= 50
