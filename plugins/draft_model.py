@@ -105,15 +105,13 @@ class DraftModelDrafter(Drafter):
                 self._cache = None
         elif spec.startswith("tiny:"):
             if self._loaded_for != ctx.vocab_size:
-                from specd.testing import tiny_model
-
                 try:
                     seed = int(spec.removeprefix("tiny:"))
                 except ValueError:
                     raise BadInputError(
                         f"draft_model model {spec!r}: expected tiny:SEED with an integer seed"
                     ) from None
-                lm = tiny_model(ctx.vocab_size, seed=seed, dtype=torch.float32)
+                lm = tiny_draft_model(ctx.vocab_size, seed)
                 self._model = Target(lm, None, name=spec)
                 self._loaded_for = ctx.vocab_size
                 self._cache = None
@@ -210,6 +208,15 @@ class DraftModelDrafter(Drafter):
             return logits[:vocab]
         pad = logits.new_full((vocab - n,), float("-inf"))
         return torch.cat([logits, pad])
+
+
+def tiny_draft_model(vocab_size: int, seed: int) -> torch.nn.Module:
+    """What ``model=tiny:SEED`` loads: :func:`specd.testing.tiny_model` (two layers) in
+    float32. With the same seed it has the weights of ``specd verify``'s tiny target, whose
+    output layer is scaled up, so it is a flatter draft model of that target."""
+    from specd.testing import tiny_model
+
+    return tiny_model(vocab_size, seed=seed, dtype=torch.float32)
 
 
 @hookimpl

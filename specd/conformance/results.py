@@ -36,7 +36,7 @@ class Result:
 
 @dataclass
 class Report:
-    drafter: str
+    drafter: str | None
     verifiers: dict[str, str]  # decoding mode -> verifier name
     options: dict[str, Any]
     results: list[Result] = field(default_factory=list)

@@ -1,4 +1,11 @@
-"""Which checks ``specd verify`` runs for a drafter and a verifier, in which order."""
+"""Which checks ``specd verify`` runs, in which order.
+
+A named verifier is checked on its own (:mod:`.verifier_checks`); a named drafter is checked
+through the engine (:mod:`.engine_checks`) with the named verifier, or with the engine's
+defaults (``greedy`` at temperature 0, ``rejection`` when sampling) when none is named. Each
+plugin is checked for what it contributes: a drafter's run does not re-check the built-in
+verifiers, which have their own (``specd verify --verifier rejection``).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +14,7 @@ from contextlib import closing
 from typing import Any
 
 from .. import registry
-from ..errors import BadInputError
+from ..errors import BadInputError, PluginError, SpecdError
 from .engine_checks import engine_checks
 from .results import Report, Result
 from .verifier_checks import verifier_checks
@@ -18,45 +25,63 @@ MODES = ("greedy", "sampled")
 
 
 def plan(
-    drafter: str, verifier: str | None, options: dict[str, Any] | None
+    drafter: str | None, verifier: str | None, options: dict[str, Any] | None
 ) -> tuple[dict[str, str], dict[str, Any]]:
     """Resolve names and options.
 
     :returns: (decoding mode -> verifier name, the drafter's constructor options).
     :raises UnknownPluginError: when a name is not installed.
-    :raises BadInputError: when the verifier claims exactness for no mode.
+    :raises BadInputError: when neither is named, the verifier claims exactness for no
+        mode, or the drafter rejects its options.
+    :raises PluginError: when the drafter's constructor fails otherwise.
     """
-    drafter_cls = registry.drafter_class(drafter)
+    if drafter is None and verifier is None:
+        raise BadInputError("name a --drafter, a --verifier, or both")
     if verifier is None:
         verifiers = dict(DEFAULT_VERIFIERS)
-        for name in verifiers.values():
-            registry.verifier_class(name)
     else:
-        claimed = set(registry.verifier_class(verifier).exact_for) & set(MODES)
-        if not claimed:
+        exact_for = registry.verifier_class(verifier).exact_for
+        verifiers = {mode: verifier for mode in MODES if mode in exact_for}
+        if not verifiers:
             raise BadInputError(
-                f"verifier {verifier!r} declares exact_for = {sorted(registry.verifier_class(verifier).exact_for)}; "
-                f"it must list 'greedy' and/or 'sampled' to be checked"
+                f"verifier {verifier!r} declares exact_for = {sorted(exact_for)}; it must list "
+                "'greedy' and/or 'sampled' to be checked"
             )
-        verifiers = {mode: verifier for mode in MODES if mode in claimed}
+    if drafter is None:
+        if options:
+            raise BadInputError("--drafter-option needs a --drafter")
+        return verifiers, {}
+    drafter_cls = registry.drafter_class(drafter)
+    for name in set(verifiers.values()):
+        registry.verifier_class(name)
     merged = {**dict(getattr(drafter_cls, "conformance_options", {}) or {}), **(options or {})}
+    try:  # bad options are bad input: say so before any check runs
+        registry.make("drafters", drafter, merged)
+    except SpecdError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a plugin that cannot be built fails the check
+        raise PluginError(
+            f"drafter {drafter!r} could not be constructed with {merged}: {exc}"
+        ) from exc
     return verifiers, merged
 
 
 def checks(
-    drafter: str, verifiers: dict[str, str], options: dict[str, Any], seed: int = 0
+    drafter: str | None,
+    verifier: str | None,
+    verifiers: dict[str, str],
+    options: dict[str, Any],
+    seed: int = 0,
 ) -> Iterator[Result]:
-    """Every check, cheapest first: each verifier alone, then the drafter through the engine."""
-    by_name: dict[str, set[str]] = {}
-    for mode, name in verifiers.items():
-        by_name.setdefault(name, set()).add(mode)
-    for name, modes in by_name.items():
-        yield from verifier_checks(registry.make("verifiers", name), modes, seed=seed)
-    yield from engine_checks(drafter, options, verifiers, seed=seed)
+    """The named verifier alone, then the named drafter through the engine."""
+    if verifier is not None:
+        yield from verifier_checks(registry.make("verifiers", verifier), set(verifiers), seed=seed)
+    if drafter is not None:
+        yield from engine_checks(drafter, options, verifiers, seed=seed)
 
 
 def run(
-    drafter: str,
+    drafter: str | None = None,
     verifier: str | None = None,
     options: dict[str, Any] | None = None,
     *,
@@ -66,9 +91,9 @@ def run(
 ) -> Report:
     """Run the conformance suite.
 
-    :param drafter: drafter name (any installed plugin).
-    :param verifier: verifier name; None checks the engine's defaults (greedy at temperature
-        0, rejection when sampling).
+    :param drafter: drafter name (any installed plugin), or None to check a verifier alone.
+    :param verifier: verifier name, checked alone for the modes its ``exact_for`` lists and
+        then used with the drafter; None uses the engine's defaults with the drafter.
     :param options: drafter constructor options, over the drafter's ``conformance_options``.
     :param seed: base seed; every check is reproducible for a given seed.
     :param keep_going: run every check even after one failed.
@@ -77,7 +102,7 @@ def run(
     """
     verifiers, merged = plan(drafter, verifier, options)
     report = Report(drafter=drafter, verifiers=verifiers, options=merged)
-    with closing(checks(drafter, verifiers, merged, seed=seed)) as results:
+    with closing(checks(drafter, verifier, verifiers, merged, seed=seed)) as results:
         for result in results:
             report.results.append(result)
             if on_result is not None:

@@ -1,0 +1,119 @@
+"""``specd verify``: passes for every built-in plugin, fails naming the property and a
+counterexample for broken ones, exits 2 for bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from specd import cli
+from specd.registry import registered
+
+BUILTIN_DRAFTERS = sorted(
+    name
+    for name, info in registered("drafters").items()
+    if info.module.startswith("specd.plugins.")
+)
+
+
+def verify(capsys, *args: str) -> tuple[int, str, str]:
+    code = cli.main(["verify", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+BUILTIN_VERIFIERS = sorted(
+    name
+    for name, info in registered("verifiers").items()
+    if info.module.startswith("specd.plugins.")
+)
+VERIFIER_PROPERTIES = {
+    "greedy": {"verifier/greedy-identity"},
+    "sampled": {
+        "verifier/seeded",
+        "verifier/law/chain-sampled",
+        "verifier/law/chain-deterministic",
+        "verifier/law/tree-iid",
+        "verifier/law/tree-distinct",
+    },
+}
+
+
+@pytest.mark.parametrize("drafter", BUILTIN_DRAFTERS)
+def test_passes_for_every_builtin_drafter(capsys, drafter):
+    code, out, err = verify(capsys, "--drafter", drafter, "--json")
+    report = json.loads(out)
+    assert code == 0, json.dumps(report, indent=1)
+    assert report["passed"] and report["verifiers"] == {"greedy": "greedy", "sampled": "rejection"}
+    assert {r["property"] for r in report["results"]} == {
+        "engine/greedy-identity",
+        "engine/law/sampled",
+        "engine/drafts-exercised",
+        "engine/seeded",
+    }
+
+
+@pytest.mark.parametrize("verifier", BUILTIN_VERIFIERS)
+def test_passes_for_every_builtin_verifier(capsys, verifier):
+    code, out, err = verify(capsys, "--verifier", verifier, "--json")
+    report = json.loads(out)
+    assert code == 0, json.dumps(report, indent=1)
+    modes = set(report["verifiers"])
+    assert modes == set(registered("verifiers")[verifier].cls.exact_for)
+    want = set().union(*(VERIFIER_PROPERTIES[m] for m in modes))
+    assert {r["property"] for r in report["results"]} == want
+
+
+def test_a_broken_drafter_fails_naming_the_property_and_a_counterexample(capsys, broken_plugins):
+    code, out, err = verify(capsys, "--drafter", "broken_argmax_q")
+    assert code == 1, out + err
+    assert "FAIL engine/law/sampled" in out
+    assert "counterexample" in out and "sequence" in out
+    assert "FAILED engine/law/sampled" in err
+
+
+def test_a_broken_verifier_fails_at_once(capsys, broken_plugins):
+    code, out, err = verify(
+        capsys, "--drafter", "ngram", "--verifier", "broken_fresh_sample", "--json"
+    )
+    assert code == 1
+    report = json.loads(out)
+    failed = [r for r in report["results"] if not r["passed"]]
+    assert [r["property"] for r in failed] == ["verifier/law/chain-sampled"]
+    assert failed[0]["counterexample"]["sequence"]
+
+
+def specd(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "specd.cli", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def test_the_command_line_checks_only_the_modes_a_named_verifier_claims():
+    done = specd("verify", "--drafter", "ngram", "--verifier", "greedy", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert report["verifiers"] == {"greedy": "greedy"}
+    assert {r["property"] for r in report["results"]} == {
+        "verifier/greedy-identity",
+        "engine/greedy-identity",
+    }
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        ([], "name a --drafter, a --verifier, or both"),
+        (["--drafter", "nope"], "unknown drafter 'nope'"),
+        (["--drafter", "ngram", "--verifier", "nope"], "unknown verifier 'nope'"),
+        (["--drafter", "draft_model", "--drafter-option", "tree=bush"], "tree must be one of"),
+        (["--drafter", "ngram", "--drafter-option", "novalue"], "KEY=VALUE"),
+    ],
+)
+def test_bad_input_exits_2_naming_it(capsys, args, needle):
+    code, out, err = verify(capsys, *args)
+    assert code == 2
+    assert needle in err
