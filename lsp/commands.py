@@ -91,7 +91,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     gc.freeze()
     service = Service(engine, params, settings=settings, settings_messages=messages)
     for handler in logging.getLogger().handlers:
-        handler.addFilter(RedactPayloads(lambda: not service.settings.log_code))
+        handler.addFilter(RedactPayloads(lambda: not service.log_code))
     if address is None:
         # stdout carries the protocol: anything else printed by accident goes to stderr
         stdout = sys.stdout.buffer

@@ -101,9 +101,10 @@ class SpecdProtocol(LanguageServerProtocol):
             else:
                 log.warning("dropped notification %s with invalid params: %s", method, _why(e))
             return
-        if is_request and not self.initialize_seen and method != types.INITIALIZE:
-            self.send_error(msg_id, SERVER_NOT_INITIALIZED, f"{method}: the server is not initialized yet")
-            return
+        if not self.initialize_seen and method not in (types.INITIALIZE, types.EXIT):
+            if is_request:
+                self.send_error(msg_id, SERVER_NOT_INITIALIZED, f"{method}: the server is not initialized yet")
+            return  # notifications before initialize are dropped, as the LSP asks
         if is_request and self._shutdown and method != types.EXIT:
             self.send_error(msg_id, INVALID_REQUEST, f"{method}: the server is shutting down")
             return

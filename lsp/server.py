@@ -69,6 +69,8 @@ class Service:
         self.worker = Worker(on_start=self.metrics.generation_started, on_end=self.metrics.generation_ended)
         self.settings = settings or Settings()
         self.settings_messages = list(settings_messages or [])
+        #: document text may appear in debug logs (any session's ``log-code`` turns it on)
+        self.log_code = self.settings.log_code
         self._session_ids = itertools.count(1)
         self._failures: set[str] = set()
 
@@ -123,11 +125,13 @@ class SpecdServer(LanguageServer):
         self.encoding = convert.position_encoding(params.capabilities)
         self.root_uri = params.root_uri or (params.workspace_folders[0].uri if params.workspace_folders else None)
         self.configure(params.initialization_options, source="initializationOptions")
+        self.index = self._new_workspace()
 
     def configure(self, raw: Any, *, source: str) -> None:
         self.settings, messages = overlay(self.settings, raw, source=source)
         self.messages += messages
         self.index.max_chars = self.settings.index_max_chars
+        self.service.log_code = self.service.log_code or self.settings.log_code
 
     def show_messages(self) -> None:
         """Report settings problems to the user (``window/showMessage``), once each."""

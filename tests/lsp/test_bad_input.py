@@ -179,7 +179,9 @@ def test_lifecycle_errors_and_end_of_input():
     try:
         early = client.call("textDocument/inlineCompletion", VALID)
         assert early["error"]["code"] == -32002  # not initialized yet
+        client.notify("textDocument/didOpen", {"textDocument": {"uri": URI, "languageId": "python", "version": 1, "text": "x = "}})
         client.initialize()
+        assert client.call("textDocument/inlineCompletion", VALID)["result"]["items"] == []  # that open was dropped
         assert client.call("shutdown")["result"] is None
         assert client.call("specd/stats")["error"]["code"] == -32600  # shutting down
         client.proc.stdin.close()  # end of input without exit
