@@ -110,6 +110,10 @@ class KVCache:
         self.hf.layers = list(self._layers)
         self.hf.layer_class_to_replicate = None
 
+    def layer(self, i: int) -> _GrowingLayer:
+        """Layer ``i``'s keys and values; ``update(k, v)`` appends and returns the live views."""
+        return self._layers[i]
+
     @property
     def length(self) -> int:
         return self._layers[0].length if self._layers else 0

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
+from . import fastpath
+from .fastpath import FastDecoder
 from .kvcache import KVCache
 
 PREFILL_CHUNK = 1024
@@ -28,7 +31,9 @@ class Target:
     the cache and its own ancestors.
     """
 
-    def __init__(self, model: torch.nn.Module, tokenizer, *, name: str = "model") -> None:
+    def __init__(
+        self, model: torch.nn.Module, tokenizer, *, name: str = "model", fast: bool | None = None
+    ) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.name = name
@@ -45,6 +50,11 @@ class Target:
         self.eos_token_ids = _eos_ids(model, tokenizer)
         fwd = inspect.signature(model.forward).parameters
         self._cache_kw = "past_key_values" if "past_key_values" in fwd else "cache"
+        # The lean forward (specd.fastpath) for Llama-style models, unless turned off with
+        # fast=False or SPECD_FASTPATH=0; other models run their own forward.
+        if fast is None:
+            fast = os.environ.get("SPECD_FASTPATH", "1") != "0"
+        self.fast = FastDecoder(model) if fast and fastpath.supports(model) else None
 
     def new_cache(self, capacity: int = 256) -> KVCache:
         return KVCache(self.num_layers, capacity=capacity)
@@ -89,9 +99,13 @@ class Target:
         are exactly what the full model would compute there; roll back with ``crop``.
         :returns: logits ``[T, V]``.
         """
-        parts = self._decoder_parts()
         if not 1 <= layers <= self.num_layers:
             raise ValueError(f"exit layer must be in [1, {self.num_layers}], got {layers}")
+        if self.fast is not None:
+            ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)
+            pos = torch.arange(cache.length, cache.length + len(tokens), device=self.device).unsqueeze(0)
+            return self.fast.forward(cache, ids, pos, None, layers=layers)[0]
+        parts = self._decoder_parts()
         embed, rotary, blocks, norm = parts
         past = cache.length
         n = len(tokens)
@@ -143,13 +157,19 @@ class Target:
         past = cache.length
         n = len(tokens)
         ids = torch.tensor([tokens], dtype=torch.long, device=self.device)  # [1, T]
-        kwargs: dict = {self._cache_kw: cache.hf, "use_cache": True, "logits_to_keep": keep}
+        mask = None
         if parents is not None and any(p != i - 1 for i, p in enumerate(parents)):
             depth, mask = _tree_mask(parents, past, self.dtype, self.device)
-            kwargs["position_ids"] = (past + depth).unsqueeze(0)
-            kwargs["attention_mask"] = mask
+            position_ids = (past + depth).unsqueeze(0)
         else:
-            kwargs["position_ids"] = torch.arange(past, past + n, device=self.device).unsqueeze(0)
+            position_ids = torch.arange(past, past + n, device=self.device).unsqueeze(0)
+        if self.fast is not None:
+            logits, hs = self.fast.forward(cache, ids, position_ids, mask, keep=keep, hidden=hidden)
+            return ForwardOut(logits=logits, hidden=hs)
+        kwargs: dict = {self._cache_kw: cache.hf, "use_cache": True, "logits_to_keep": keep}
+        kwargs["position_ids"] = position_ids
+        if mask is not None:
+            kwargs["attention_mask"] = mask
         if hidden:
             kwargs["output_hidden_states"] = True
         out = self.model(input_ids=ids, **kwargs)
