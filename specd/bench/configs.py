@@ -37,6 +37,19 @@ HF_PROMPT_LOOKUP_TOKENS = 10
 #: Drafters that need a draft model (``--draft-model``) to be benchmarked.
 MODEL_DRAFTERS = ("draft_model",)
 
+#: The default configurations of the drafters we know; any other installed drafter gets
+#: ``specd-NAME-adaptive-k8``.
+DRAFTER_DEFAULTS = {
+    "ngram": [
+        "specd-ngram-fixed-k4",
+        "specd-ngram-fixed-k8",
+        "specd-ngram-fixed-k16",
+        "specd-ngram-adaptive-k8",
+        "specd-ngram-adaptive-k16",
+    ],
+    "early_exit": ["specd-early_exit-fixed-k4", "specd-early_exit-adaptive-k6"],
+}
+
 
 @dataclass(frozen=True)
 class Config:
@@ -136,9 +149,10 @@ def default_names(*, draft_model: str | None = None) -> tuple[list[str], list[di
     names = [HF_PLAIN, HF_PROMPT_LOOKUP, SPECD_PLAIN]
     skipped: list[dict[str, str]] = []
     installed = registry.registered("drafters")
-    if "ngram" in installed:
-        names += [f"specd-ngram-fixed-k{k}" for k in (4, 8, 16)]
-        names += [f"specd-ngram-adaptive-k{k}" for k in (8, 16)]
+    for drafter in sorted(installed):
+        if drafter in MODEL_DRAFTERS:
+            continue
+        names += DRAFTER_DEFAULTS.get(drafter, [f"specd-{drafter}-adaptive-k8"])
     for drafter in MODEL_DRAFTERS:
         wanted = [
             f"specd-{drafter}-fixed-k4",

@@ -41,6 +41,7 @@ class Run:
     position_drafted: list[int] = field(default_factory=list)
     position_accepted: list[int] = field(default_factory=list)
     peak_rss_kb: int | None = None
+    peak_gpu_bytes: int | None = None
     fallback: str | None = None
 
     @property
@@ -93,9 +94,16 @@ class Runner:
         return self._engines[cfg.name]
 
     def run(self, cfg: Config, prompt: Prompt) -> Run:
+        cuda = self.target.device.type == "cuda"
         if self.track_rss:
             reset_peak_rss()
+        if cuda:
+            torch.cuda.synchronize(self.target.device)
+            torch.cuda.reset_peak_memory_stats(self.target.device)
         run = self._run_hf(cfg, prompt) if cfg.kind == "hf" else self._run_specd(cfg, prompt)
+        if cuda:
+            torch.cuda.synchronize(self.target.device)
+            run.peak_gpu_bytes = torch.cuda.max_memory_allocated(self.target.device)
         if self.track_rss:
             run.peak_rss_kb = peak_rss_kb()
         return run

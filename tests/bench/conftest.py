@@ -14,6 +14,7 @@ CONFIGS = [
     "specd-plain",
     "specd-ngram-fixed-k4",
     "specd-ngram-adaptive-k8",
+    "specd-early_exit-fixed-k4",
 ]
 
 

@@ -46,6 +46,7 @@ def test_every_result_has_the_contract_fields(report):
         "specd-plain",
         "specd-ngram-fixed-k4",
         "specd-ngram-adaptive-k8",
+        "specd-early_exit-fixed-k4",
     ]
     for r in report["results"]:
         assert list(r)[: len(report_mod._CONTRACT)] == list(report_mod._CONTRACT)  # contract first
@@ -93,7 +94,7 @@ def test_acceptance_fields(report):
     by = {r["config"]: r for r in report["results"]}
     assert by["specd-plain"]["mean_acceptance_length"] == pytest.approx(1.0)
     assert by["hf-plain"]["mean_acceptance_length"] == pytest.approx(1.0)
-    for name in ("specd-ngram-fixed-k4", "specd-ngram-adaptive-k8"):
+    for name in ("specd-ngram-fixed-k4", "specd-ngram-adaptive-k8", "specd-early_exit-fixed-k4"):
         r = by[name]
         assert r["mean_acceptance_length"] >= 1.0
         assert all(0.0 <= a <= 1.0 for a in r["position_acceptance"])
