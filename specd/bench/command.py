@@ -25,6 +25,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if args.threads < 1:
             raise BadInputError(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
+    if args.repeats < 1:
+        raise BadInputError(f"--repeats must be >= 1, got {args.repeats}")
+    if args.limit < 1:
+        raise BadInputError(f"--limit must be >= 1, got {args.limit}")
     for out in (args.json, args.plot, args.markdown):
         if out and out != "-" and not Path(out).expanduser().resolve().parent.is_dir():
             raise BadInputError(f"cannot write {out}: its directory does not exist")
@@ -59,6 +63,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         prefix=not args.no_prefix,
         prefix_prompts=args.prefix_prompts,
         warmup=not args.no_warmup,
+        repeats=args.repeats,
         context_tokens=args.context_tokens,
         progress=not args.no_progress,
         draft_model=args.draft_model,
@@ -107,6 +112,7 @@ def command_line(args: argparse.Namespace) -> str:
 
 
 _DEFAULTS = {
+    "repeats": 1,
     "limit": DEFAULT_LIMIT,
     "context_tokens": 1024,
     "seed": 0,
@@ -175,6 +181,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         metavar="DIR",
         help="source files for editor and edit (default: the Python standard library)",
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="runs of each configuration on each prompt, interleaved; the fastest counts (default: 1)",
     )
     p.add_argument(
         "--seed", type=int, default=0, help="chooses files and cursor positions (default: 0)"

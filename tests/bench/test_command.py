@@ -26,3 +26,31 @@ def test_isolated_peak_rss_runs_in_a_fresh_process(tiny_spec, prompts):
     cfg = configs.parse("specd-ngram-fixed-k4")
     got = harness.probe_rss(tiny_spec, cfg, prompts[:1], harness.BenchOptions())
     assert 0 < got["base_rss_mb"] <= got["loaded_rss_mb"] <= got["peak_rss_mb"]
+
+
+def test_bad_numbers_are_exit_2(capsys):
+    assert main(["bench", "--workload", "random", "--repeats", "0"]) == 2
+    assert main(["bench", "--workload", "random", "--limit", "0"]) == 2
+    assert "must be >= 1" in capsys.readouterr().err
+
+
+def test_repeats_keep_the_fastest_run(tiny, prompts):
+    cfgs, _ = configs.resolve(["specd-ngram-fixed-k4"])
+    opts = harness.BenchOptions(
+        rss="off", floor=False, prefix=False, warmup=False, progress=False, repeats=2
+    )
+    rep = harness.run("humaneval", prompts[:2], cfgs, tiny, None, opts)
+    for r in rep["results"]:
+        assert r["prompts"] == 2
+        assert r["identical_rate"] == 1.0
+    assert rep["floor"] is None and rep["prefix_cache"] is None
+
+
+def test_command_line_records_what_differs_from_the_defaults():
+    from specd.bench.command import command_line
+    from specd.cli import build_parser
+
+    args = build_parser().parse_args(
+        ["bench", "--workload", "editor", "--limit", "6", "--threads", "1", "--json", "x.json"]
+    )
+    assert command_line(args) == "specd bench --workload editor --limit 6 --threads 1"
