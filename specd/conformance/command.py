@@ -55,21 +55,25 @@ def register(sub: argparse._SubParsersAction) -> None:
         "verify",
         help="check that a drafter and verifier keep decoding exact (tiny models, seconds)",
         description=(
-            "Run the conformance suite on tiny models. A named verifier is checked alone "
-            "against synthetic targets (greedy identity, seeded reproducibility, the target's "
-            "sequence law for chains and trees); a named drafter is checked through the engine "
-            "on a tiny random target (greedy identity with plain decoding, the exactly "
-            "enumerated sequence law when sampling) with the named verifier, or with the "
-            "engine's defaults. Exit 0 when every property holds, 1 naming the one that failed "
-            "with a counterexample, 2 for bad input. See docs/verification.md."
+            "Run the conformance suite on tiny models. The verifier (the named one, or the "
+            "engine's defaults) is checked alone against synthetic targets: greedy identity, "
+            "seeded reproducibility, the target's sequence law for chains and trees. A named "
+            "drafter is then checked through the engine on a tiny random target: greedy "
+            "identity with plain decoding, and the exactly enumerated sequence law when "
+            "sampling. Exit 0 when every property holds, 1 naming the one that failed with a "
+            "counterexample, 2 for bad input. See docs/verification.md."
         ),
     )
-    p.add_argument("--drafter", default=None, help="drafter name (any installed plugin)")
+    p.add_argument(
+        "--drafter",
+        default=None,
+        help="drafter name (any installed plugin); omit to check a verifier alone",
+    )
     p.add_argument(
         "--verifier",
         default=None,
-        help="verifier name, checked for the modes its exact_for lists (default with --drafter: "
-        "greedy at temperature 0 and rejection when sampling, not re-checked alone)",
+        help="verifier name, checked for the modes its exact_for lists (default: greedy at "
+        "temperature 0 and rejection when sampling)",
     )
     p.add_argument(
         "--drafter-option",

@@ -1,10 +1,9 @@
 """Which checks ``specd verify`` runs, in which order.
 
-A named verifier is checked on its own (:mod:`.verifier_checks`); a named drafter is checked
-through the engine (:mod:`.engine_checks`) with the named verifier, or with the engine's
-defaults (``greedy`` at temperature 0, ``rejection`` when sampling) when none is named. Each
-plugin is checked for what it contributes: a drafter's run does not re-check the built-in
-verifiers, which have their own (``specd verify --verifier rejection``).
+First every verifier involved is checked on its own (:mod:`.verifier_checks`): the named one
+for the modes its ``exact_for`` lists, or the engine's defaults (``greedy`` at temperature 0,
+``rejection`` when sampling). Then a named drafter is checked through the engine
+(:mod:`.engine_checks`) with those verifiers. Without a drafter only the verifier is checked.
 """
 
 from __future__ import annotations
@@ -68,14 +67,16 @@ def plan(
 
 def checks(
     drafter: str | None,
-    verifier: str | None,
     verifiers: dict[str, str],
     options: dict[str, Any],
     seed: int = 0,
 ) -> Iterator[Result]:
-    """The named verifier alone, then the named drafter through the engine."""
-    if verifier is not None:
-        yield from verifier_checks(registry.make("verifiers", verifier), set(verifiers), seed=seed)
+    """Each verifier alone, cheapest first, then the drafter through the engine."""
+    by_name: dict[str, set[str]] = {}
+    for mode, name in verifiers.items():
+        by_name.setdefault(name, set()).add(mode)
+    for name, modes in by_name.items():
+        yield from verifier_checks(registry.make("verifiers", name), modes, seed=seed)
     if drafter is not None:
         yield from engine_checks(drafter, options, verifiers, seed=seed)
 
@@ -93,7 +94,7 @@ def run(
 
     :param drafter: drafter name (any installed plugin), or None to check a verifier alone.
     :param verifier: verifier name, checked alone for the modes its ``exact_for`` lists and
-        then used with the drafter; None uses the engine's defaults with the drafter.
+        then used with the drafter; None checks and uses the engine's defaults.
     :param options: drafter constructor options, over the drafter's ``conformance_options``.
     :param seed: base seed; every check is reproducible for a given seed.
     :param keep_going: run every check even after one failed.
@@ -102,7 +103,7 @@ def run(
     """
     verifiers, merged = plan(drafter, verifier, options)
     report = Report(drafter=drafter, verifiers=verifiers, options=merged)
-    with closing(checks(drafter, verifier, verifiers, merged, seed=seed)) as results:
+    with closing(checks(drafter, verifiers, merged, seed=seed)) as results:
         for result in results:
             report.results.append(result)
             if on_result is not None:

@@ -1,0 +1,96 @@
+"""The statistics behind the sampled checks: the G-test is calibrated, and the sample sizes
+meet the power analysis in docs/verification.md."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from broken_plugin import BROKEN_VERIFIERS
+from exact import ExactLM, emitted_law, sampled_drafts, sequence_law_of
+
+from specd import SamplingParams
+from specd.conformance import engine_checks as ec
+from specd.conformance.gtest import (
+    ALPHA,
+    chi2_critical,
+    chi2_sf,
+    detection_probability,
+    g_test,
+    power,
+    required_samples,
+)
+from specd.conformance.synthetic import scenario_models, scenarios
+from specd.conformance.verifier_checks import VERIFIER_SAMPLES, VERIFIER_SENSITIVITY_KL
+
+
+def test_chi_square_tail_matches_known_values():
+    assert chi2_sf(3.841458820694124, 1) == pytest.approx(0.05, rel=1e-9)
+    assert chi2_sf(18.307038053275146, 10) == pytest.approx(0.05, rel=1e-9)
+    assert chi2_critical(1, 1e-6) == pytest.approx(23.928127, rel=1e-6)
+    assert power(10, 0.0) == pytest.approx(ALPHA, rel=1e-6)
+
+
+def test_the_g_test_holds_its_level_on_samples_from_the_law():
+    """Under the law itself, p < 0.01 happens about 1 % of the time (pooling and degrees
+    of freedom are right), so a threshold of 1e-6 means what it says."""
+    law = {i: w for i, w in enumerate([0.3, 0.2, 0.15, 0.1, 0.1, 0.08, 0.04, 0.02, 0.006, 0.004])}
+    probs = torch.tensor(list(law.values()), dtype=torch.float64)
+    gen = torch.Generator().manual_seed(0)
+    small = 0
+    runs = 2000
+    for _ in range(runs):
+        draws = torch.multinomial(probs, 500, replacement=True, generator=gen).tolist()
+        counts = {i: draws.count(i) for i in law}
+        small += g_test(counts, law).p_value < 0.01
+    assert 0.003 < small / runs < 0.025
+
+
+def test_an_impossible_outcome_rejects_at_once():
+    test = g_test({"a": 10, "b": 1}, {"a": 1.0})
+    assert test.impossible == "b" and test.rejects()
+
+
+def _pooled_df(law: dict, n: int) -> int:
+    return g_test({k: round(v * n) for k, v in law.items()}, law).df
+
+
+@pytest.mark.parametrize("scenario", scenarios(), ids=lambda s: s.shape)
+def test_verifier_sample_size_meets_its_sensitivity(scenario):
+    df = _pooled_df(scenario.target.sequence_law(), VERIFIER_SAMPLES)
+    assert required_samples(VERIFIER_SENSITIVITY_KL, df) <= VERIFIER_SAMPLES
+
+
+def test_engine_sample_size_meets_its_sensitivity():
+    target = ec.conformance_target()
+    params = SamplingParams(**ec.SAMPLED)
+    law = ec.sequence_law(target, ec.conformance_prompt(target), params, ec.HORIZON)
+    df = _pooled_df(law, ec.ENGINE_SAMPLES)
+    assert df <= 15
+    assert required_samples(ec.ENGINE_SENSITIVITY_KL, df) <= ec.ENGINE_SAMPLES
+
+
+@pytest.mark.parametrize("broken", BROKEN_VERIFIERS, ids=lambda c: c.name)
+def test_each_negative_control_is_caught_by_the_first_scenario_with_near_certainty(broken):
+    """Exact effect of each broken verifier on the first scenario ``specd verify`` samples:
+    the check fails it with probability >= 0.999 (so a passing seed was not luck)."""
+    target, drafter = scenario_models()
+    p, q = ExactLM.from_table(target), ExactLM.from_table(drafter)
+    law = sequence_law_of(emitted_law(broken(), sampled_drafts([-1, 0], q), p), p, 3)
+    true = {k: float(v) for k, v in law.items()}
+    claimed = {k: float(v) for k, v in p.sequence_law(3).items()}
+    df = _pooled_df(claimed, VERIFIER_SAMPLES)
+    assert detection_probability(true, claimed, VERIFIER_SAMPLES, df) >= 0.999
+
+
+def test_the_sampled_scenarios_are_drawn_as_the_exact_law_assumes():
+    """The harness draws chain drafts from q exactly: the first token's frequency matches q."""
+    scenario = next(s for s in scenarios() if s.shape == "chain-sampled")
+    rng = random.Random(0)
+    counts: dict = {}
+    for _ in range(4000):
+        t = scenario.draft(rng).tokens[0]
+        counts[t] = counts.get(t, 0) + 1
+    q_root = dict(enumerate(scenario.drafter.probs(())))
+    assert not g_test(counts, q_root).rejects()
