@@ -33,11 +33,14 @@ target's vocabulary built by :func:`specd.testing.tiny_model` (for tests and
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
 from specd import BadInputError, Draft, DraftContext, Drafter, Target, hookimpl, sample, warp
+
+if TYPE_CHECKING:
+    from specd.kvcache import KVCache
 
 TREES = ("chain", "iid", "topk")
 
@@ -82,7 +85,7 @@ class DraftModelDrafter(Drafter):
         self.device = device
         self._model: Target | None = None
         self._loaded_for: int | None = None  # vocabulary a tiny model was built for
-        self._cache = None
+        self._cache: KVCache | None = None
         self._cached: list[int] = []  # the tokens whose keys and values the cache holds
         if not (self.model_spec == "target" or self.model_spec.startswith("tiny:")):
             self._model = self._load_named()

@@ -31,7 +31,7 @@ HORIZON = 4
 #: probability >= 0.999 at ALPHA (docs/verification.md).
 ENGINE_SENSITIVITY_KL = 0.02
 ENGINE_SAMPLES = 2_400
-SAMPLED = dict(temperature=1.0, top_k=2, top_p=0.95)
+SAMPLED: dict[str, Any] = dict(temperature=1.0, top_k=2, top_p=0.95)
 GREEDY_TOKENS = 16
 SEEDED_REPEATS = 20
 MAX_DRAFT = 3

@@ -10,8 +10,9 @@ gives probability zero is conclusive on its own: one observation rejects the law
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -23,7 +24,7 @@ MIN_EXPECTED = 5.0
 
 @dataclass
 class Cell:
-    key: Hashable
+    key: Any
     observed: int
     expected: float
 
@@ -44,7 +45,7 @@ class GTest:
     p_value: float
     n: int
     cells: list[Cell] = field(default_factory=list)  # after pooling, worst first
-    impossible: Hashable | None = None  # an observed outcome of probability zero
+    impossible: Any = None  # an observed outcome of probability zero
 
     def rejects(self, alpha: float = ALPHA) -> bool:
         return self.p_value < alpha
@@ -65,8 +66,8 @@ class GTest:
 
 
 def g_test(
-    observed: Mapping[Hashable, int],
-    law: Mapping[Hashable, float],
+    observed: Mapping[Any, int],
+    law: Mapping[Any, float],
     min_expected: float = MIN_EXPECTED,
 ) -> GTest:
     """Test observed counts against an exact law.
@@ -175,7 +176,7 @@ def required_samples(kl: float, df: int, alpha: float = ALPHA, target_power: flo
     return lo
 
 
-def kl_divergence(true: Mapping[Hashable, float], claimed: Mapping[Hashable, float]) -> float:
+def kl_divergence(true: Mapping[Any, float], claimed: Mapping[Any, float]) -> float:
     """KL(true || claimed) in nats; infinite when ``true`` puts mass where ``claimed`` has none."""
     t_total = sum(true.values())
     c_total = sum(claimed.values())
@@ -191,8 +192,8 @@ def kl_divergence(true: Mapping[Hashable, float], claimed: Mapping[Hashable, flo
 
 
 def detection_probability(
-    true: Mapping[Hashable, float],
-    claimed: Mapping[Hashable, float],
+    true: Mapping[Any, float],
+    claimed: Mapping[Any, float],
     n: int,
     df: int,
     alpha: float = ALPHA,

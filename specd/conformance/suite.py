@@ -8,7 +8,7 @@ for the modes its ``exact_for`` lists, or the engine's defaults (``greedy`` at t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from contextlib import closing
 from typing import Any
 
@@ -70,7 +70,7 @@ def checks(
     verifiers: dict[str, str],
     options: dict[str, Any],
     seed: int = 0,
-) -> Iterator[Result]:
+) -> Generator[Result, None, None]:
     """Each verifier alone, cheapest first, then the drafter through the engine."""
     by_name: dict[str, set[str]] = {}
     for mode, name in verifiers.items():
