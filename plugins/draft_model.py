@@ -49,8 +49,8 @@ class DraftModelDrafter(Drafter):
     """:param model: the draft model (see the module docstring); required.
     :param tree: ``chain``, ``iid`` or ``topk``. :param branch: children per level in a tree.
     :param max_draft: cap on proposed tokens (the engine's budget also applies).
-    :param dtype: dtype for a loaded draft model. :param device: its device (default: the
-    target's)."""
+    :param dtype: dtype for a loaded draft model. :param device: its device (default: as for
+    ``--device``). Drafting draws on the CPU, where the request's generator lives."""
 
     name = "draft_model"
     #: Options ``specd verify`` uses to run this drafter on a tiny target.
@@ -123,26 +123,31 @@ class DraftModelDrafter(Drafter):
             self._cache = self._model.new_cache()
             self._cached = []
 
-    def _logits_after(self, tokens: Sequence[int]) -> torch.Tensor:
-        """Feed what the cache lacks of ``tokens``; :returns: ``[V]`` logits after the last."""
+    def _feed(self, new: Sequence[int]) -> torch.Tensor:
+        """Append ``new`` (at least one token) to the cache.
+
+        :returns: ``[V]`` logits after the last of them, on the CPU, where the request's
+            generator draws.
+        """
         assert self._model is not None and self._cache is not None
-        feed = list(tokens[len(self._cached) :])
-        if len(feed) > 1:
-            self._model.prefill(self._cache, feed[:-1])
-        out = self._model.forward(self._cache, feed[-1:])
-        self._cached.extend(feed)
-        return out.logits[-1]
+        if len(new) > 1:
+            self._model.prefill(self._cache, new[:-1])
+        out = self._model.forward(self._cache, new[-1:])
+        self._cached.extend(new)
+        return out.logits[-1].cpu()
 
     def _roll_back(self, tokens: Sequence[int]) -> None:
         """Keep the longest cached prefix of ``tokens[:-1]``: the last token is fed next."""
+        n = len(self._cached)
+        if n < len(tokens) and list(tokens[:n]) == self._cached:
+            return
         keep = 0
-        limit = min(len(self._cached), len(tokens) - 1)
+        limit = min(n, len(tokens) - 1)
         while keep < limit and self._cached[keep] == tokens[keep]:
             keep += 1
-        if keep < len(self._cached):
-            assert self._cache is not None
-            self._cache.crop(keep)
-            del self._cached[keep:]
+        assert self._cache is not None
+        self._cache.crop(keep)
+        del self._cached[keep:]
 
     # -- the Drafter interface ------------------------------------------------------------
 
@@ -155,7 +160,8 @@ class DraftModelDrafter(Drafter):
         if budget <= 0:
             return None
         vocab = ctx.vocab_size
-        logits = self._fit(self._logits_after(ctx.tokens), vocab)
+        self._roll_back(ctx.tokens)
+        logits = self._fit(self._feed(ctx.tokens[len(self._cached) :]), vocab)
         tokens: list[int] = []
         parents: list[int] = []
         rows: list[torch.Tensor] = []
@@ -178,8 +184,8 @@ class DraftModelDrafter(Drafter):
             if len(tokens) >= budget or not ctx.keep_drafting(depth, confidence):
                 break
             parent = first + best
-            logits = self._fit(self._logits_after([*self._cached, tokens[parent]]), vocab)
-        q_rows = None if deterministic else torch.stack(rows).float().cpu()  # [N, V]
+            logits = self._fit(self._feed([tokens[parent]]), vocab)
+        q_rows = None if deterministic else torch.stack(rows)  # [N, V]
         return Draft(tokens=tokens, parents=parents, q=q_rows)
 
     def commit(self, ctx: DraftContext, new_tokens: Sequence[int], accepted: int) -> None:

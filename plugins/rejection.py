@@ -69,11 +69,11 @@ class RejectionVerifier(Verifier):
     def verify(
         self, draft: Draft, p: torch.Tensor, params: SamplingParams, generator: torch.Generator
     ) -> Verdict:
-        # p: [N + 1, V] float32 -> float64 so residuals of nearly equal rows keep their mass
-        q = draft.q.to(torch.float64) if draft.q is not None else None  # [N, V] or None
-        path, token = self.walk(
-            draft.tokens, draft.parents, p.to(torch.float64), q, self.chance(generator)
-        )
+        # The walk runs on the CPU, where the request's generator lives, in float64 so the
+        # residual of two nearly equal rows keeps its mass.
+        rows = p.to("cpu", torch.float64)  # [N + 1, V]
+        q = None if draft.q is None else draft.q.to("cpu", torch.float64)  # [N, V]
+        path, token = self.walk(draft.tokens, draft.parents, rows, q, self.chance(generator))
         return Verdict(path=path, token=int(token))
 
     def chance(self, generator: torch.Generator) -> Chance:

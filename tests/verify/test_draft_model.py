@@ -204,3 +204,15 @@ def test_a_malformed_tiny_spec_is_named():
     drafter = DraftModelDrafter(model="tiny:abc")
     with pytest.raises(BadInputError, match="tiny:SEED"):
         drafter.start(ctx_for([1, 2], SamplingParams()))
+
+
+def test_proposing_again_without_a_commit_drafts_from_the_committed_tokens():
+    """A step whose draft was dropped (the engine fell back) leaves the cache holding draft
+    tokens; the next proposal must still start from what was committed."""
+    params = SamplingParams(temperature=0.0)
+    drafter = DraftModelDrafter(model="tiny:1")
+    ctx = ctx_for([9, 8, 7, 6], params)
+    drafter.start(ctx)
+    first = drafter.propose(ctx, 4)
+    again = drafter.propose(ctx, 4)
+    assert again.tokens == first.tokens
