@@ -10,7 +10,7 @@ costs one re-index of one document, done when a completion is actually computed.
 from __future__ import annotations
 
 import threading
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 
 from specd import CorpusIndex
@@ -28,6 +28,8 @@ class WorkspaceIndex:
     :param max_chars: documents longer than this are left out (tokenizing them on every
         change would cost more than drafting saves).
     :param accepted_history: how many accepted completions to remember.
+    :param max_tokens: cap on the tokens indexed in all (the index costs a few hundred
+        bytes per token); past it the least recently updated documents leave the index.
     """
 
     def __init__(
@@ -37,9 +39,12 @@ class WorkspaceIndex:
         max_chars: int = 1_000_000,
         accepted_history: int = 64,
         max_documents: int = 256,
+        max_tokens: int = 400_000,
     ) -> None:
         self._encode = encode
         self.max_chars = max_chars
+        self.max_documents = max_documents
+        self.max_tokens = max_tokens
         self.corpus = CorpusIndex(max_documents=max_documents + 1)
         self._accepted: deque[list[int]] = deque(maxlen=max(accepted_history, 1))
         self._keep_accepted = accepted_history > 0
@@ -47,6 +52,8 @@ class WorkspaceIndex:
         self._pending: dict[str, Document | None] = {}  # uri -> document to index, None: drop
         self._pending_accepted: list[str] = []
         self._tokens: dict[str, tuple[list[str], list[int]]] = {}  # uri -> (lines indexed, ids)
+        self._sizes: OrderedDict[str, int] = OrderedDict()  # uri -> tokens, least recent first
+        self._total = 0
         self.reindexed = 0  # documents re-tokenized so far (for tests and stats)
 
     # -- called on the event loop ---------------------------------------------------------
@@ -54,11 +61,15 @@ class WorkspaceIndex:
     def changed(self, doc: Document) -> None:
         """``doc`` was opened or edited: re-index it before the next generation."""
         with self._lock:
+            self._pending.pop(doc.uri, None)  # re-insert: the order is recency
             self._pending[doc.uri] = doc
 
     def closed(self, uri: str) -> None:
         with self._lock:
-            self._pending[uri] = None
+            if uri in self._sizes or uri in self._pending:
+                self._pending[uri] = None
+            # else it was never indexed: nothing to undo, and nothing to remember (an
+            # open/close storm of new documents must not grow this dictionary)
 
     def accepted(self, text: str) -> None:
         """The user accepted a completion: draft from it too."""
@@ -75,22 +86,33 @@ class WorkspaceIndex:
             pending, self._pending = self._pending, {}
             accepted, self._pending_accepted = self._pending_accepted, []
         n = 0
+        # only the most recently changed documents: older ones would be evicted anyway
+        fresh = [uri for uri, doc in pending.items() if doc is not None][-self.max_documents :]
         for uri, doc in pending.items():
-            if doc is None or len(doc.text) > self.max_chars:
-                self.corpus.remove(uri)
-                self._tokens.pop(uri, None)
+            if doc is None or uri not in fresh or len(doc.text) > self.max_chars:
+                self._forget(uri)
                 continue
             lines = doc.lines
             ids = self.encode(doc.text)
+            self._forget(uri)
             self._tokens[uri] = (lines, ids)
             self.corpus.set_document(uri, ids)
+            self._sizes[uri] = len(ids)
+            self._total += len(ids)
             n += 1
+        while self._total > self.max_tokens and len(self._sizes) > 1:
+            self._forget(next(iter(self._sizes)))
         if accepted:
             for text in accepted:
                 self._accepted.append(self.encode(text))
             self.corpus.set_document(ACCEPTED, [t for ids in self._accepted for t in ids])
         self.reindexed += n
         return n
+
+    def _forget(self, uri: str) -> None:
+        self.corpus.remove(uri)
+        self._tokens.pop(uri, None)
+        self._total -= self._sizes.pop(uri, 0)
 
     def head_tokens(self, doc: Document, limit: int) -> list[int]:
         """The first ``limit`` tokens of ``doc`` (from the index when it is current)."""

@@ -51,6 +51,25 @@ def test_closed_and_oversized_documents_leave_the_index():
     assert len(ws) == 0
 
 
+def test_the_index_is_capped_in_tokens_least_recent_first():
+    ws = WorkspaceIndex(_encode, max_tokens=25)
+    docs = [Document(f"d{i}", f"document number {i}") for i in range(3)]  # 17 tokens each
+    for doc in docs:
+        ws.changed(doc)
+        ws.refresh()
+    assert "d2" in ws.corpus and "d0" not in ws.corpus and "d1" not in ws.corpus
+    ws.changed(docs[0])
+    ws.refresh()
+    assert "d0" in ws.corpus and "d2" not in ws.corpus
+
+
+def test_closing_documents_never_indexed_leaves_nothing_behind():
+    ws = WorkspaceIndex(_encode)
+    for i in range(1000):
+        ws.closed(f"never-opened-{i}")
+    assert ws._pending == {}
+
+
 def test_accepted_completions_are_drafted_from_and_bounded():
     ws = WorkspaceIndex(_encode, accepted_history=2)
     for text in ("first_accepted", "second_accepted", "third_accepted"):
