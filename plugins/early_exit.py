@@ -54,7 +54,8 @@ class EarlyExitDrafter(Drafter):
                     confidence = float(q[token])
                 tokens.append(token)
                 q_rows.append(q)
-                if not ctx.keep_drafting(position, confidence):
+                # stop before the next position when this token was a weak guess
+                if not ctx.keep_drafting(position + 1, confidence):
                     break
         finally:
             cache.crop(base)

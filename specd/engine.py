@@ -556,7 +556,7 @@ def _check_draft(draft: Draft, budget: int, vocab: int) -> None:
             raise PluginError(f"draft q has shape {tuple(q.shape)}, expected {(n, vocab)}")
         if not torch.isfinite(q).all() or (q < 0).any():
             raise PluginError("draft q has NaN, infinite or negative probabilities")
-        if not torch.allclose(q.sum(-1).double(), torch.ones(n, dtype=torch.float64), atol=1e-3):
+        if not torch.allclose(q.sum(-1).double().cpu(), torch.ones(n, dtype=torch.float64), atol=1e-3):
             raise PluginError("draft q rows do not sum to 1")
 
 

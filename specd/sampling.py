@@ -80,12 +80,18 @@ def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """Draw one token id from a ``[V]`` probability vector."""
+    """Draw one token id from a ``[V]`` probability vector.
+
+    The request's generator lives on the CPU (so a seed gives the same tokens on every
+    device); probabilities on another device are drawn from on the CPU.
+    """
+    if generator is not None and probs.device != generator.device:
+        probs = probs.to(generator.device)
     return int(torch.multinomial(probs, 1, generator=generator).item())
 
 
-def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
-    """A generator seeded from ``seed``, or from fresh entropy when it is None."""
+def make_generator(seed: int | None) -> torch.Generator:
+    """A CPU generator seeded from ``seed``, or from fresh entropy when it is None."""
     gen = torch.Generator(device="cpu")
     if seed is None:
         gen.seed()
