@@ -69,6 +69,7 @@ def summarize(cfg: Config, runs: list[Run]) -> dict[str, Any]:
         "config": cfg.name,
         "drafter": cfg.drafter,
         "tokens_per_s": new / secs if secs > 0 else 0.0,
+        "cpu_tokens_per_s": new / cpu if (cpu := sum(r.cpu_s for r in runs)) > 0 else None,
         # Without the prompt's prefill, which speculation cannot speed up.
         "decode_tokens_per_s": _decode_rate(runs),
         "mean_acceptance_length": new / steps if steps else None,
@@ -82,7 +83,13 @@ def summarize(cfg: Config, runs: list[Run]) -> dict[str, Any]:
         "tokens_per_step": tokens_per_step(runs),
         # In prompt order, for reading the noise: one entry per prompt.
         "per_prompt": [
-            {"new_tokens": r.new_tokens, "total_s": r.total_s, "ttft_s": r.ttft_s, "steps": r.steps}
+            {
+                "new_tokens": r.new_tokens,
+                "total_s": r.total_s,
+                "ttft_s": r.ttft_s,
+                "cpu_s": r.cpu_s,
+                "steps": r.steps,
+            }
             for r in runs
         ],
     }
@@ -125,6 +132,14 @@ def aggregate(
         row["speedup_vs_hf_plain"] = _ratio(tps, ref_tps[HF_PLAIN])
         row["speedup_vs_hf_prompt_lookup"] = _ratio(tps, ref_tps[HF_PROMPT_LOOKUP])
         row["speedup_vs_specd_plain"] = _ratio(tps, ref_tps[SPECD_PLAIN])
+        for ref, key in (
+            (HF_PLAIN, "cpu_speedup_vs_hf_plain"),
+            (HF_PROMPT_LOOKUP, "cpu_speedup_vs_hf_prompt_lookup"),
+            (SPECD_PLAIN, "cpu_speedup_vs_specd_plain"),
+        ):
+            row[key] = _ratio(
+                row["cpu_tokens_per_s"], rows[ref]["cpu_tokens_per_s"] if ref in rows else None
+            )
         row["decode_speedup_vs_hf_plain"] = _ratio(
             row["decode_tokens_per_s"],
             rows[HF_PLAIN]["decode_tokens_per_s"] if HF_PLAIN in rows else None,
@@ -177,10 +192,16 @@ def _ordered(row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def best_speculative(results: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The fastest specd configuration that drafts."""
-    spec = [r for r in results if r.get("kind") == "specd" and r["drafter"] not in (None, "none")]
-    return max(spec, key=lambda r: r["tokens_per_s"], default=None)
+def best_speculative(
+    results: list[dict[str, Any]], key: str = "tokens_per_s"
+) -> dict[str, Any] | None:
+    """The fastest specd configuration that drafts, by ``key``."""
+    spec = [
+        r
+        for r in results
+        if r.get("kind") == "specd" and r["drafter"] not in (None, "none") and r.get(key)
+    ]
+    return max(spec, key=lambda r: r[key], default=None)
 
 
 def check_targets(report: dict[str, Any]) -> list[dict[str, Any]]:
@@ -226,6 +247,23 @@ def check_targets(report: dict[str, Any]) -> list[dict[str, Any]]:
             TARGET_VS_HF_PLAIN,
             True,
             f"{best['config']}; informational: the prefill excluded",
+        )
+    best_cpu = best_speculative(results, key="cpu_tokens_per_s")
+    if best_cpu is not None and best_cpu.get("cpu_speedup_vs_hf_plain"):
+        note = f"{best_cpu['config']}; informational: CPU time, steady on a shared machine"
+        add(
+            "best specd vs HF plain, CPU time (x)",
+            best_cpu["cpu_speedup_vs_hf_plain"],
+            TARGET_VS_HF_PLAIN,
+            True,
+            note,
+        )
+        add(
+            "best specd vs HF prompt lookup, CPU time (x)",
+            best_cpu["cpu_speedup_vs_hf_prompt_lookup"],
+            TARGET_VS_HF_PROMPT_LOOKUP,
+            True,
+            note,
         )
     floor = report.get("floor")
     plain = by_name.get(SPECD_PLAIN)
@@ -311,6 +349,21 @@ def markdown(report: dict[str, Any]) -> str:
             f"| {_f(r['ttft_s'], '.0f', 1e3)} | {_f(r['tpot_p50_s'], '.1f', 1e3)} | {_f(r['tpot_p95_s'], '.1f', 1e3)} "
             f"| {_f(r['peak_rss_mb'], '.0f')} | {_f(r['identical_rate'], '.0%')} |"
         )
+    if any(r.get("cpu_tokens_per_s") for r in report["results"]):
+        lines += [
+            "",
+            "CPU time of this process (steadier than wall time when other processes share the cores):",
+            "",
+            "| config | CPU tok/s | × HF plain | × HF prompt lookup | × specd plain |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        for r in report["results"]:
+            lines.append(
+                f"| {r['config']} | {_f(r.get('cpu_tokens_per_s'), '.1f')} "
+                f"| {_f(r.get('cpu_speedup_vs_hf_plain'), '.2f')} "
+                f"| {_f(r.get('cpu_speedup_vs_hf_prompt_lookup'), '.2f')} "
+                f"| {_f(r.get('cpu_speedup_vs_specd_plain'), '.2f')} |"
+            )
     fl = report.get("floor")
     if fl:
         lines += [

@@ -42,6 +42,10 @@ class Run:
     position_accepted: list[int] = field(default_factory=list)
     peak_rss_kb: int | None = None
     peak_gpu_bytes: int | None = None
+    #: CPU time this process spent on the run (all its threads). Unlike wall time it barely
+    #: grows when other processes take the cores, so on a shared machine it is the steadier
+    #: measure of the work a configuration does.
+    cpu_s: float = 0.0
     fallback: str | None = None
 
     @property
@@ -100,7 +104,9 @@ class Runner:
         if cuda:
             torch.cuda.synchronize(self.target.device)
             torch.cuda.reset_peak_memory_stats(self.target.device)
+        cpu0 = time.process_time()
         run = self._run_hf(cfg, prompt) if cfg.kind == "hf" else self._run_specd(cfg, prompt)
+        run.cpu_s = time.process_time() - cpu0
         if cuda:
             torch.cuda.synchronize(self.target.device)
             run.peak_gpu_bytes = torch.cuda.max_memory_allocated(self.target.device)
