@@ -32,6 +32,8 @@ from .textstream import TextStream
 log = logging.getLogger(__name__)
 
 NO_DRAFTER = "none"
+#: Prompt tokens computed between two checks for cancellation during prefill.
+PREFILL_CHUNK = 256
 
 
 @dataclass
@@ -292,10 +294,16 @@ class Engine:
         text = TextStream(self.tokenizer, params.stop)
         out_ids: list[int] = []
 
-        cache, reused = self.prefill(req.prompt)
+        cache, reused, stop = self.prefill(req.prompt, lambda: self._should_stop(req))
         stats.reused_tokens = reused
         stats.prefill_s = time.perf_counter() - t_start
         pending = req.prompt[-1]
+        if stop:  # cancelled or out of time during prefill; what was computed stays cached
+            self.prefix_cache.release(cache, req.prompt[: cache.length])
+            stats.finish_reason = stop
+            stats.total_s = time.perf_counter() - t_start
+            gen.completion = Completion(text="", token_ids=[], stats=stats)
+            return
 
         spec = _Speculation(self, req, stats)
         ctx = DraftContext(
@@ -312,11 +320,8 @@ class Engine:
             spec.start(ctx)
             finish = ""
             while not finish:
-                if req.cancel is not None and req.cancel():
-                    finish = "cancelled"
-                    break
-                if req.deadline is not None and time.monotonic() > req.deadline:
-                    finish = "time"
+                finish = self._should_stop(req)
+                if finish:
                     break
                 t_step = time.perf_counter()
                 remaining = params.max_tokens - len(out_ids)
@@ -370,20 +375,34 @@ class Engine:
             stats.ttft_s = stats.total_s
         gen.completion = Completion(text=text.text, token_ids=out_ids, stats=stats)
 
-    def prefill(self, prompt: Sequence[int]):
-        """Bring a cache to hold ``prompt[:-1]``, reusing the longest cached prefix.
+    @staticmethod
+    def _should_stop(req: Request) -> str:
+        """"cancelled" or "time" when the request must end now, else ""."""
+        if req.cancel is not None and req.cancel():
+            return "cancelled"
+        if req.deadline is not None and time.monotonic() > req.deadline:
+            return "time"
+        return ""
 
-        :returns: (cache, how many prompt tokens were reused from an earlier request).
+    def prefill(self, prompt: Sequence[int], stop: Callable[[], str] | None = None):
+        """Bring a cache to hold ``prompt[:-1]``, reusing the longest cached prefix, in
+        chunks of ``PREFILL_CHUNK`` tokens with ``stop`` checked between them.
+
+        :returns: (cache, tokens reused from an earlier request, why it stopped early or "").
         """
         head = list(prompt[:-1])
         cache, reused = self.prefix_cache.acquire(head)
         try:
-            self.target.prefill(cache, head[reused:])
+            for start in range(reused, len(head), PREFILL_CHUNK):
+                why = stop() if stop is not None else ""
+                if why:
+                    return cache, reused, why
+                self.target.prefill(cache, head[start : start + PREFILL_CHUNK])
         except BaseException:
             cache.crop(0)
             self.prefix_cache.release(cache, [])
             raise
-        return cache, reused
+        return cache, reused, ""
 
     def verify_step(
         self,

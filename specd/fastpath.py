@@ -120,11 +120,17 @@ class FastDecoder:
         cos, sin = self.rotary(h, position_ids)  # [1, T, D]
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         half = self.head_dim // 2
-        if mask is None and t > 1:
-            past = cache.length
+        past = cache.length
+        n_rep = self.n_heads // self.n_kv
+        causal_from_zero = mask is None and t > 1 and past == 0
+        if mask is None and t > 1 and past > 0:
             causal = torch.ones(t, past + t, dtype=torch.bool, device=h.device).tril_(past)
             mask = causal[None, None]
-        n_rep = self.n_heads // self.n_kv
+        if mask is not None and n_rep > 1:
+            # Grouped-query attention runs on the key/value heads: the n_rep query heads
+            # of a group become n_rep * T query rows (much faster than repeating keys and
+            # values, notably in bfloat16 on CPU), so the mask is tiled to match.
+            mask = mask.repeat(1, 1, n_rep, 1)
         for i, L in enumerate(self.layers[:layers]):
             x = self._rms(h, L.ln1)
             q = F.linear(x, L.wq, L.bq).view(1, t, self.n_heads, self.head_dim).transpose(1, 2)
@@ -134,13 +140,14 @@ class FastDecoder:
             q = q * cos + torch.cat((-q[..., half:], q[..., :half]), dim=-1) * sin
             k = k * cos + torch.cat((-k[..., half:], k[..., :half]), dim=-1) * sin
             keys, values = cache.layer(i).update(k, v)  # [1, KV, S, D]
-            if mask is None:
-                o = F.scaled_dot_product_attention(q, keys, values, scale=self.scaling, enable_gqa=n_rep > 1)
+            if causal_from_zero:
+                o = F.scaled_dot_product_attention(
+                    q, keys, values, is_causal=True, scale=self.scaling, enable_gqa=n_rep > 1
+                )
             else:
-                if n_rep > 1:
-                    keys = keys.repeat_interleave(n_rep, dim=1)
-                    values = values.repeat_interleave(n_rep, dim=1)
-                o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scaling)
+                packed = q.reshape(1, self.n_kv, n_rep * t, self.head_dim)  # [1, KV, R*T, D]
+                o = F.scaled_dot_product_attention(packed, keys, values, attn_mask=mask, scale=self.scaling)
+                o = o.view(1, self.n_heads, t, self.head_dim)
             o = o.transpose(1, 2).reshape(1, t, self.n_heads * self.head_dim)
             h = h + F.linear(o, L.wo, L.bo)
             x = self._rms(h, L.ln2)

