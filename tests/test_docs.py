@@ -83,25 +83,35 @@ def test_plugins_md_shows_the_example_module_as_it_is():
 
 def _relative_links(markdown: str) -> list[str]:
     links = re.findall(r"\]\(([^)\s]+)\)", markdown)
-    return [
-        link.split("#")[0]
-        for link in links
-        if not re.match(r"[a-z]+:", link) and not link.startswith("#")
-    ]
+    return [link for link in links if not re.match(r"[a-z]+:", link)]
 
 
-@pytest.mark.parametrize(
-    "page",
-    ["docs/architecture.md", "docs/plugins.md", "docs/examples/specd-example-drafter/README.md"],
-)
-def test_links_in_the_plugin_docs_resolve(page):
+def _anchors(markdown: str) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces to hyphens."""
+    headings = re.findall(r"^#{1,6} +(.+?) *$", markdown, flags=re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", h).strip().lower().replace(" ", "-") for h in headings}
+
+
+PAGES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md"))]
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_links_between_pages_resolve(page):
+    """Relative links in the README and docs/ point at files (and headings) that exist."""
     path = ROOT / page
-    missing = [
-        link
-        for link in _relative_links(path.read_text(encoding="utf-8"))
-        if not (path.parent / link).exists()
-    ]
-    assert not missing, f"{page} links to missing files: {missing}"
+    broken = []
+    for link in _relative_links(path.read_text(encoding="utf-8")):
+        target, _, anchor = link.partition("#")
+        file = (path.parent / target) if target else path
+        if not file.exists():
+            broken.append(link)
+        elif (
+            anchor
+            and file.suffix == ".md"
+            and anchor not in _anchors(file.read_text(encoding="utf-8"))
+        ):
+            broken.append(link)
+    assert not broken, f"{page} has broken links: {broken}"
 
 
 @pytest.mark.parametrize("page", ["docs/architecture.md", "docs/plugins.md"])
