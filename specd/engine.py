@@ -64,6 +64,10 @@ class Request:
     cancel: Callable[[], bool] | None = None
     deadline: float | None = None  # time.monotonic() value
     corpus: Corpus | None = None
+    # Plugin instances, built when the request is made (None: plain decoding).
+    drafter_obj: Drafter | None = None
+    verifier_obj: Verifier | None = None
+    policy_obj: ExitPolicy | None = None
 
 
 class Generation:
@@ -227,6 +231,11 @@ class Engine:
             deadline=None if time_budget_s is None else time.monotonic() + time_budget_s,
             corpus=corpus if corpus is not None else self.corpus,
         )
+        # Build the plugins now, so bad options fail here rather than mid-stream.
+        req.drafter_obj = self._drafter(d)
+        if req.drafter_obj is not None:
+            req.verifier_obj = self._verifier(v)
+            req.policy_obj = self._construct("exit_policies", e)
         gen = Generation(iter(()))
         gen._it = self._run(req, gen)
         return gen
@@ -268,16 +277,36 @@ class Engine:
 
     # -- plugin instances -----------------------------------------------------------------
 
+    def _construct(self, kind: str, name: str, options: dict[str, Any] | None = None) -> Any:
+        """A plugin instance, or None when its constructor failed (isolated like any other
+        plugin failure). Options the constructor rejects are the user's error and raise."""
+        key = f"{kind.rstrip('s')}:{name}"
+        if self.guard.disabled(key):
+            return None
+        try:
+            return registry.make(kind, name, options)
+        except BadInputError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            self.guard.fail(key, exc)
+            return None
+
     def _drafter(self, name: str) -> Drafter | None:
         if name == NO_DRAFTER or self.guard.disabled(f"drafter:{name}"):
             return None
         if name not in self._drafters:
-            self._drafters[name] = registry.make("drafters", name, self.drafter_options.get(name))
+            drafter = self._construct("drafters", name, self.drafter_options.get(name))
+            if drafter is None:
+                return None
+            self._drafters[name] = drafter
         return self._drafters[name]
 
-    def _verifier(self, name: str) -> Verifier:
+    def _verifier(self, name: str) -> Verifier | None:
         if name not in self._verifiers:
-            self._verifiers[name] = registry.make("verifiers", name)
+            verifier = self._construct("verifiers", name)
+            if verifier is None:
+                return None
+            self._verifiers[name] = verifier
         return self._verifiers[name]
 
     # -- the decode loop ----------------------------------------------------------------
@@ -294,6 +323,7 @@ class Engine:
         text = TextStream(self.tokenizer, params.stop)
         out_ids: list[int] = []
 
+        spec = _Speculation(self, req, stats)
         cache, reused, stop = self.prefill(req.prompt, lambda: self._should_stop(req))
         stats.reused_tokens = reused
         stats.prefill_s = time.perf_counter() - t_start
@@ -305,7 +335,6 @@ class Engine:
             gen.completion = Completion(text="", token_ids=[], stats=stats)
             return
 
-        spec = _Speculation(self, req, stats)
         ctx = DraftContext(
             tokens=list(req.prompt),
             params=params,
@@ -450,12 +479,14 @@ class _Speculation:
         self.drafter_key = f"drafter:{req.drafter}"
         self.verifier_key = f"verifier:{req.verifier}"
         self.policy_key = f"exit_policy:{req.exit_policy}"
-        self.drafter = engine._drafter(req.drafter)
-        if req.drafter != NO_DRAFTER and self.drafter is None:
-            stats.fallback = f"{self.drafter_key} is disabled"
-        self.verifier = engine._verifier(req.verifier) if self.drafter is not None else None
-        self.policy: ExitPolicy = registry.make("exit_policies", req.exit_policy)
+        self.drafter = req.drafter_obj
+        self.verifier = req.verifier_obj
+        self.policy = req.policy_obj
         self.deadline = req.deadline
+        parts = ((self.drafter_key, self.drafter), (self.verifier_key, self.verifier), (self.policy_key, self.policy))
+        missing = [key for key, obj in parts if obj is None]
+        if req.drafter != NO_DRAFTER and missing:
+            self._give_up(f"{', '.join(missing)} disabled or failed to start")
 
     @property
     def wants_hidden(self) -> bool:

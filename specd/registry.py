@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ LOAD_PLUGINS_ENV = "SPECD_LOAD_PLUGINS"
 BUILTIN_PREFIX = "specd.plugins."
 
 _pm: pluggy.PluginManager | None = None
+log = logging.getLogger("specd.plugins")
 
 KINDS = {
     "drafters": ("specd_register_drafters", Drafter),
@@ -29,24 +31,42 @@ KINDS = {
 
 
 def get_plugin_manager() -> pluggy.PluginManager:
-    """The process-wide plugin manager, created and loaded on first use."""
+    """The process-wide plugin manager, created and loaded on first use.
+
+    A plugin whose module fails to import is logged with its traceback and skipped, so one
+    broken installation cannot take every command down.
+    """
     global _pm
     if _pm is None:
+        from importlib.metadata import entry_points
+
         pm = pluggy.PluginManager("specd")
         pm.add_hookspecs(hookspecs)
         only = os.environ.get(LOAD_PLUGINS_ENV)
-        if only is None:
-            pm.load_setuptools_entrypoints("specd")
-        else:
-            from importlib.metadata import entry_points
-
-            wanted = {n.strip() for n in only.split(",") if n.strip()}
-            for ep in entry_points(group="specd"):
+        wanted = None if only is None else {n.strip() for n in only.split(",") if n.strip()}
+        for ep in entry_points(group="specd"):
+            if pm.has_plugin(ep.name) or pm.is_blocked(ep.name):
+                continue
+            if wanted is not None:
                 builtin = "builtin" in wanted and ep.value.startswith(BUILTIN_PREFIX)
-                if (builtin or ep.name in wanted) and not pm.has_plugin(ep.name):
-                    pm.register(ep.load(), name=ep.name)
+                if not (builtin or ep.name in wanted):
+                    continue
+            try:
+                pm.register(ep.load(), name=ep.name)
+            except Exception as exc:  # noqa: BLE001 - a broken plugin is skipped, not fatal
+                _report(f"plugin {ep.name!r} ({ep.value}) failed to load and is skipped", exc)
         _pm = pm
     return _pm
+
+
+_reported: set[str] = set()
+
+
+def _report(message: str, exc: BaseException | None = None) -> None:
+    """Log a plugin problem once per process."""
+    if message not in _reported:
+        _reported.add(message)
+        log.error(message, exc_info=exc)
 
 
 def reset_plugin_manager() -> None:
@@ -66,20 +86,39 @@ class PluginInfo:
 
 
 def registered(kind: str, pm: pluggy.PluginManager | None = None) -> dict[str, PluginInfo]:
-    """Everything of one kind ("drafters", "verifiers", "exit_policies"), by name."""
+    """Everything of one kind ("drafters", "verifiers", "exit_policies"), by name.
+
+    Each plugin's hook runs on its own: one that raises, or registers something that is
+    not a subclass of the kind's base class or has no name, is logged and skipped. When two
+    plugins register the same name, the first keeps it and the clash is logged.
+    """
     hook_name, base = KINDS[kind]
     pm = pm or get_plugin_manager()
     found: dict[str, PluginInfo] = {}
 
-    def register(cls: type) -> None:
-        if not (isinstance(cls, type) and issubclass(cls, base)):
-            raise TypeError(f"{hook_name} registered {cls!r}, which is not a {base.__name__}")
-        name = getattr(cls, "name", "")
-        if not name:
-            raise TypeError(f"{cls.__module__}.{cls.__qualname__} has no name")
-        found.setdefault(name, PluginInfo(name=name, module=cls.__module__, cls=cls))
+    for impl in getattr(pm.hook, hook_name).get_hookimpls():
 
-    getattr(pm.hook, hook_name)(register=register)
+        def register(cls: type, _plugin: str = impl.plugin_name) -> None:
+            if not (isinstance(cls, type) and issubclass(cls, base)):
+                _report(f"plugin {_plugin!r} registered {cls!r}, which is not a {base.__name__}; skipped")
+                return
+            name = getattr(cls, "name", "")
+            if not name or not isinstance(name, str):
+                _report(f"plugin {_plugin!r} registered {cls.__qualname__} without a name; skipped")
+                return
+            if name in found:
+                if found[name].cls is not cls:
+                    _report(
+                        f"{kind} name {name!r} is registered by both {found[name].module} and "
+                        f"{cls.__module__}; {found[name].module} keeps it"
+                    )
+                return
+            found[name] = PluginInfo(name=name, module=cls.__module__, cls=cls)
+
+        try:
+            impl.function(register=register)
+        except Exception as exc:  # noqa: BLE001
+            _report(f"plugin {impl.plugin_name!r} failed in {hook_name} and is skipped", exc)
     return found
 
 

@@ -218,3 +218,39 @@ def test_watchdog_interruptions_never_escape_the_guard():
             outcomes["failed"] += 1
     busy(0.05)  # a late interruption would surface here
     assert outcomes["ok"] > 0 and outcomes["failed"] > 0
+
+
+class RaisesInInit(Drafter):
+    name = "bad-init"
+
+    def __init__(self):
+        raise RuntimeError("cannot construct")
+
+
+def test_a_drafter_whose_constructor_raises_falls_back(target):
+    pm = get_plugin_manager()
+
+    class InitPlugin:
+        @hookimpl
+        def specd_register_drafters(self, register):
+            register(RaisesInInit)
+
+    plugin = InitPlugin()
+    pm.register(plugin, name="test-init-plugin")
+    try:
+        engine = Engine(target, drafter="bad-init")
+        out = engine.generate(PROMPT, PARAMS)
+        assert out.token_ids == _plain(target)
+        assert "bad-init" in out.stats.fallback
+        assert len(engine.prefix_cache) == 1  # the request's cache went back to the pool
+    finally:
+        pm.unregister(plugin)
+
+
+def test_bad_drafter_options_fail_when_the_request_is_made(target):
+    from specd import BadInputError
+
+    engine = Engine(target, drafter_options={"ngram": {"no_such_option": 1}})
+    with pytest.raises(BadInputError, match="no_such_option"):
+        engine.stream(PROMPT, PARAMS)
+    assert len(engine.prefix_cache) == 0

@@ -1,0 +1,84 @@
+"""Plugin discovery survives broken plugins."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+
+import pluggy
+import pytest
+
+from specd import Drafter, hookimpl, hookspecs, registry
+
+
+@pytest.fixture
+def fresh_manager(monkeypatch):
+    registry.reset_plugin_manager()
+    registry._reported.clear()
+    yield
+    registry.reset_plugin_manager()
+
+
+def test_a_plugin_that_fails_to_import_is_skipped(fresh_manager, monkeypatch, caplog):
+    real = importlib.metadata.entry_points
+
+    def with_broken(**kwargs):
+        eps = list(real(**kwargs))
+        eps.append(importlib.metadata.EntryPoint("broken", "specd_no_such_module_xyz", "specd"))
+        return eps
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", with_broken)
+    monkeypatch.setenv("SPECD_LOAD_PLUGINS", "builtin,broken")
+    with caplog.at_level(logging.ERROR, logger="specd.plugins"):
+        found = registry.list_plugins()
+    assert "ngram" in {d["name"] for d in found["drafters"]}
+    assert any("'broken'" in r.getMessage() and r.exc_info for r in caplog.records)
+
+
+class Good(Drafter):
+    name = "dup"
+
+
+class Other(Drafter):
+    name = "dup"
+
+
+class Nameless(Drafter):
+    pass
+
+
+class Junk:
+    @hookimpl
+    def specd_register_drafters(self, register):
+        register(int)
+        register(Nameless)
+        register(Other)
+
+
+class Raising:
+    @hookimpl
+    def specd_register_drafters(self, register):
+        raise RuntimeError("boom")
+
+
+class Fine:
+    @hookimpl
+    def specd_register_drafters(self, register):
+        register(Good)
+
+
+def test_junk_registrations_are_skipped_and_clashes_logged(caplog):
+    pm = pluggy.PluginManager("specd")
+    pm.add_hookspecs(hookspecs)
+    pm.register(Fine(), name="fine")
+    pm.register(Raising(), name="raising")
+    pm.register(Junk(), name="junk")
+    registry._reported.clear()
+    with caplog.at_level(logging.ERROR, logger="specd.plugins"):
+        found = registry.registered("drafters", pm)
+    assert found["dup"].cls is Good
+    messages = " ".join(r.getMessage() for r in caplog.records)
+    assert "not a Drafter" in messages
+    assert "without a name" in messages
+    assert "'raising' failed" in messages
+    assert "registered by both" in messages
