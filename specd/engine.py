@@ -481,7 +481,7 @@ class _Speculation:
         self.policy_key = f"exit_policy:{req.exit_policy}"
         self.drafter = req.drafter_obj
         self.verifier = req.verifier_obj
-        self.policy = req.policy_obj
+        self.policy: ExitPolicy = req.policy_obj  # type: ignore[assignment]  # None only with drafter None
         self.deadline = req.deadline
         parts = ((self.drafter_key, self.drafter), (self.verifier_key, self.verifier), (self.policy_key, self.policy))
         missing = [key for key, obj in parts if obj is None]

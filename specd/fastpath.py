@@ -11,6 +11,7 @@ of tensor operations per layer. It is used for the architectures listed in
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -37,7 +38,7 @@ class _Layer:
     wd: torch.Tensor
 
 
-def supports(model: torch.nn.Module) -> bool:
+def supports(model: Any) -> bool:
     """Whether :class:`FastDecoder` can run ``model`` with the same arithmetic."""
     cfg = model.config
     if getattr(cfg, "model_type", None) not in SUPPORTED:
@@ -58,7 +59,7 @@ def supports(model: torch.nn.Module) -> bool:
 class FastDecoder:
     """Runs a supported model over new tokens on top of a :class:`KVCache`."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: Any) -> None:
         decoder = model.get_decoder()
         cfg = model.config
         self.rotary = decoder.rotary_emb

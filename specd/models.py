@@ -13,6 +13,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -123,7 +124,7 @@ def converted_dir(alias: str) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(
+    model: Any = AutoModelForCausalLM.from_pretrained(
         gguf.parent, gguf_file=gguf.name, dtype=torch.float32
     )
     # A model loaded from GGUF is marked quantized and refuses to save; the weights are
@@ -187,7 +188,7 @@ def load(
     tok = AutoTokenizer.from_pretrained(
         where, trust_remote_code=trust_remote_code, local_files_only=True
     )
-    lm = AutoModelForCausalLM.from_pretrained(
+    lm: Any = AutoModelForCausalLM.from_pretrained(
         where, dtype=torch_dtype, trust_remote_code=trust_remote_code, local_files_only=True
     )
     lm.to(device).eval()

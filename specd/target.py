@@ -6,6 +6,7 @@ import inspect
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -32,16 +33,17 @@ class Target:
     """
 
     def __init__(
-        self, model: torch.nn.Module, tokenizer, *, name: str = "model", fast: bool | None = None
+        self, model: Any, tokenizer: Any, *, name: str = "model", fast: bool | None = None
     ) -> None:
+        # Hugging Face models carry their configuration and helpers as dynamic attributes.
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.name = name
-        self.config = model.config
+        self.config = self.model.config
         params = next(model.parameters())
         self.device = params.device
         self.dtype = params.dtype
-        out_emb = model.get_output_embeddings()
+        out_emb = self.model.get_output_embeddings()
         self.vocab_size = (
             int(out_emb.weight.shape[0]) if out_emb is not None else int(self.config.vocab_size)
         )

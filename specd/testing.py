@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -64,7 +65,7 @@ def tiny_model(
         pad_token_id=None,
     )
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(cfg)
+    model: Any = LlamaForCausalLM(cfg)
     with torch.no_grad():
         model.lm_head.weight.mul_(logit_scale)
     model.generation_config.eos_token_id = None
