@@ -278,6 +278,16 @@ def check_sampled(
                 {"prompt": prompt},
             )
             return
+        if accepted == 0:
+            yield Result(
+                "engine/drafts-exercised",
+                subject,
+                False,
+                f"none of {drafted} drafted tokens was accepted on the conformance target, "
+                "so the law check never exercised the accept path",
+                {"prompt": prompt},
+            )
+            return
         yield Result(
             "engine/drafts-exercised",
             subject,
