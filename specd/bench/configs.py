@@ -186,8 +186,9 @@ def resolve(
 
     :returns: (configurations in run order, skipped configurations with the reason).
     """
+    skipped: list[dict[str, str]] = []
     if requested:
-        names, skipped = list(requested), []
+        names = list(requested)
     else:
         names, skipped = default_names(draft_model=draft_model)
     names = list(REFERENCES) + [n for n in names if n not in REFERENCES and n != "specd-none"]

@@ -9,6 +9,7 @@ of one run compare like with like.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import platform
 import subprocess
@@ -21,11 +22,13 @@ import torch
 
 from . import floor as floor_mod
 from . import prefix as prefix_mod
-from .configs import Config
+from .configs import REFERENCES, Config
 from .probe import PROBE_ENV, TargetSpec, job
 from .report import aggregate, check_targets
 from .runners import Run, Runner
 from .workloads import Prompt
+
+log = logging.getLogger(__name__)
 
 RSS_MODES = ("isolated", "inprocess", "off")
 
@@ -81,11 +84,27 @@ def run(
             floor = floor_mod.measure(target, opts.context_tokens)
 
         runner = Runner(target, draft_lm=draft_lm, track_rss=opts.rss == "inprocess")
+        failed: dict[str, str] = {}
+
+        def attempt(cfg: Config, prompt: Prompt) -> Run | None:
+            """Run ``cfg``; a configuration that raises is dropped from the run (the
+            references cannot be: every ratio needs them)."""
+            if cfg.name in failed:
+                return None
+            try:
+                return runner.run(cfg, prompt)
+            except Exception as exc:
+                if cfg.name in REFERENCES:
+                    raise
+                log.error("configuration %s failed and is left out", cfg.name, exc_info=exc)
+                failed[cfg.name] = f"failed: {type(exc).__name__}: {exc}"
+                return None
+
         if opts.warmup:
             bar.set_description("warm-up")
             warm = Prompt("warm-up", prompts[0].ids[-64:], 4)
             for cfg in configs:
-                runner.run(cfg, warm)
+                attempt(cfg, warm)
 
         runs: dict[str, list[Run]] = {c.name: [] for c in configs}
         for i, prompt in enumerate(prompts):
@@ -94,14 +113,19 @@ def run(
                 k = (i * opts.repeats + rep) % len(configs)
                 for cfg in configs[k:] + configs[:k]:
                     bar.set_description(cfg.name)
-                    run = runner.run(cfg, prompt)
+                    run = attempt(cfg, prompt)
                     # The fastest repeat is the one least slowed by other processes; the
                     # tokens are the same in every repeat (greedy).
-                    if cfg.name not in best or run.total_s < best[cfg.name].total_s:
+                    if run is not None and (
+                        cfg.name not in best or run.total_s < best[cfg.name].total_s
+                    ):
                         best[cfg.name] = run
                     bar.update(1)
             for cfg in configs:
-                runs[cfg.name].append(best[cfg.name])
+                if cfg.name in best:
+                    runs[cfg.name].append(best[cfg.name])
+        configs = [c for c in configs if c.name not in failed]
+        runs = {c.name: runs[c.name] for c in configs}
 
         prefix = None
         if prefix_prompts:
@@ -127,7 +151,7 @@ def run(
             for p in prompts
         ],
         "prefix_cache": prefix,
-        "skipped": list(skipped or []),
+        "skipped": list(skipped or []) + [{"config": n, "reason": r} for n, r in failed.items()],
         "rss_method": opts.rss,
     }
     report["targets"] = check_targets(report)

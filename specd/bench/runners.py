@@ -85,12 +85,13 @@ class Runner:
 
     def engine(self, cfg: Config) -> Engine:
         if cfg.name not in self._engines:
+            drafter = cfg.drafter or "none"
             self._engines[cfg.name] = Engine(
                 self.target,
-                drafter=cfg.drafter or "none",
+                drafter=drafter,
                 exit_policy=cfg.exit_policy or "adaptive",
                 max_draft=cfg.max_draft,
-                drafter_options={cfg.drafter: dict(cfg.drafter_options)}
+                drafter_options={drafter: dict(cfg.drafter_options)}
                 if cfg.drafter_options
                 else None,
                 prefix_cache_entries=1,

@@ -220,7 +220,7 @@ def humaneval_path() -> Path:
 def _humaneval(
     tok: _Tok, *, limit: int, seed: int, source, context_tokens: int, max_tokens: int
 ) -> list[Prompt]:
-    prompts = []
+    prompts: list[Prompt] = []
     with gzip.open(humaneval_path(), "rt", encoding="utf-8") as f:
         for line in f:
             if len(prompts) >= limit:

@@ -54,3 +54,14 @@ def test_command_line_records_what_differs_from_the_defaults():
         ["bench", "--workload", "editor", "--limit", "6", "--threads", "1", "--json", "x.json"]
     )
     assert command_line(args) == "specd bench --workload editor --limit 6 --threads 1"
+
+
+def test_a_failing_configuration_is_left_out_with_its_reason(tiny, prompts):
+    cfgs, _ = configs.resolve(["specd-ngram-fixed-k4+no_such_option=1", "specd-ngram-fixed-k4"])
+    opts = harness.BenchOptions(rss="off", floor=False, prefix=False, progress=False)
+    rep = harness.run("humaneval", prompts[:1], cfgs, tiny, None, opts)
+    names = [r["config"] for r in rep["results"]]
+    assert "specd-ngram-fixed-k4" in names
+    assert "specd-ngram-fixed-k4+no_such_option=1" not in names
+    (skip,) = [s for s in rep["skipped"] if s["config"].endswith("no_such_option=1")]
+    assert "no_such_option" in skip["reason"]
