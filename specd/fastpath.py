@@ -25,17 +25,34 @@ SUPPORTED = frozenset({"llama", "qwen2", "mistral"})
 class _Layer:
     ln1: torch.Tensor
     ln2: torch.Tensor
-    wq: torch.Tensor
-    bq: torch.Tensor | None
-    wk: torch.Tensor
-    bk: torch.Tensor | None
-    wv: torch.Tensor
-    bv: torch.Tensor | None
+    wqkv: torch.Tensor  # [(H + 2 KV) * D, hidden]: q, k and v projections in one matrix
+    bqkv: torch.Tensor | None
     wo: torch.Tensor
     bo: torch.Tensor | None
-    wg: torch.Tensor
-    wu: torch.Tensor
+    wgu: torch.Tensor  # [2 * I, hidden]: gate and up projections in one matrix
     wd: torch.Tensor
+
+
+def _fuse(*linears: torch.nn.Linear, bias: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Stack the weights of several linear layers into one matrix, one read per step instead
+    of several. The layers' own parameters become views into it, so no memory is added and
+    the model's own forward keeps working."""
+    with torch.no_grad():
+        fused = torch.cat([m.weight.detach() for m in linears])
+        start = 0
+        for m in linears:
+            rows = m.weight.shape[0]
+            m.weight.data = fused[start : start + rows]
+            start += rows
+        fused_bias = None
+        if bias and all(m.bias is not None for m in linears):
+            fused_bias = torch.cat([m.bias.detach() for m in linears])
+            start = 0
+            for m in linears:
+                rows = m.bias.shape[0]
+                m.bias.data = fused_bias[start : start + rows]
+                start += rows
+    return fused, fused_bias
 
 
 def supports(model: Any) -> bool:
@@ -76,23 +93,48 @@ class FastDecoder:
         self.layers = []
         for block in decoder.layers:
             a, m = block.self_attn, block.mlp
+            if (a.q_proj.bias is None) != (a.k_proj.bias is None) or (a.k_proj.bias is None) != (a.v_proj.bias is None):
+                raise ValueError("q, k and v projections must all have a bias or none")
+            wqkv, bqkv = _fuse(a.q_proj, a.k_proj, a.v_proj, bias=True)
+            wgu, _ = _fuse(m.gate_proj, m.up_proj)
             self.layers.append(
                 _Layer(
                     ln1=block.input_layernorm.weight,
                     ln2=block.post_attention_layernorm.weight,
-                    wq=a.q_proj.weight,
-                    bq=a.q_proj.bias,
-                    wk=a.k_proj.weight,
-                    bk=a.k_proj.bias,
-                    wv=a.v_proj.weight,
-                    bv=a.v_proj.bias,
+                    wqkv=wqkv,
+                    bqkv=bqkv,
                     wo=a.o_proj.weight,
                     bo=a.o_proj.bias,
-                    wg=m.gate_proj.weight,
-                    wu=m.up_proj.weight,
+                    wgu=wgu,
                     wd=m.down_proj.weight,
                 )
             )
+        # Which matrix product streams weights fastest depends on device and dtype.
+        self._weight_major = self.embed.device.type == "cpu" and self.embed.dtype == torch.float32
+        self.q_size = self.n_heads * self.head_dim
+        self.kv_size = self.n_kv * self.head_dim
+        self.inter = int(decoder.layers[0].mlp.gate_proj.weight.shape[0])
+
+    def _linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+        """``x @ w.T + b`` for ``x`` of shape ``[..., K]``.
+
+        On CPU in float32, a product with a handful of rows is much faster computed as
+        ``w @ x.T`` (MKL streams the weight at ~29 GB/s instead of ~6-10 GB/s with
+        ``F.linear``), with one row padded to two.
+        """
+        if not self._weight_major:
+            return F.linear(x, w, b)
+        lead = x.shape[:-1]
+        rows = x.reshape(-1, x.shape[-1])
+        n = rows.shape[0]
+        if n > 16:
+            return F.linear(x, w, b)
+        if n == 1:
+            rows = torch.cat([rows, rows])
+        y = (w @ rows.T).T[:n]  # [n, N]
+        if b is not None:
+            y = y + b
+        return y.reshape(*lead, w.shape[0])
 
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
@@ -134,9 +176,11 @@ class FastDecoder:
             mask = mask.repeat(1, 1, n_rep, 1)
         for i, L in enumerate(self.layers[:layers]):
             x = self._rms(h, L.ln1)
-            q = F.linear(x, L.wq, L.bq).view(1, t, self.n_heads, self.head_dim).transpose(1, 2)
-            k = F.linear(x, L.wk, L.bk).view(1, t, self.n_kv, self.head_dim).transpose(1, 2)
-            v = F.linear(x, L.wv, L.bv).view(1, t, self.n_kv, self.head_dim).transpose(1, 2)
+            qkv = self._linear(x, L.wqkv, L.bqkv)  # [1, T, (H + 2 KV) * D]
+            q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
+            q = q.view(1, t, self.n_heads, self.head_dim).transpose(1, 2)
+            k = k.view(1, t, self.n_kv, self.head_dim).transpose(1, 2)
+            v = v.view(1, t, self.n_kv, self.head_dim).transpose(1, 2)
             # rotary: x * cos + rotate_half(x) * sin
             q = q * cos + torch.cat((-q[..., half:], q[..., :half]), dim=-1) * sin
             k = k * cos + torch.cat((-k[..., half:], k[..., :half]), dim=-1) * sin
@@ -150,11 +194,15 @@ class FastDecoder:
                 o = F.scaled_dot_product_attention(packed, keys, values, attn_mask=mask, scale=self.scaling)
                 o = o.view(1, self.n_heads, t, self.head_dim)
             o = o.transpose(1, 2).reshape(1, t, self.n_heads * self.head_dim)
-            h = h + F.linear(o, L.wo, L.bo)
+            h = h + self._linear(o, L.wo, L.bo)
             x = self._rms(h, L.ln2)
-            h = h + F.linear(F.silu(F.linear(x, L.wg)) * F.linear(x, L.wu), L.wd)
+            gate, up = self._linear(x, L.wgu).split(self.inter, dim=-1)
+            h = h + self._linear(F.silu(gate) * up, L.wd)
         out = self._rms(h, self.norm)
         if keep:
             out = out[:, -keep:]
-        logits = F.linear(out, self.lm_head, self.lm_head_bias)[0]  # [T', V]
-        return logits, (h[0] if hidden else None)
+        return self._lm_head(out[0]), (h[0] if hidden else None)
+
+    def _lm_head(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits ``[T, V]`` from final hidden states ``[T, H]``."""
+        return self._linear(x, self.lm_head, self.lm_head_bias)
