@@ -25,34 +25,17 @@ SUPPORTED = frozenset({"llama", "qwen2", "mistral"})
 class _Layer:
     ln1: torch.Tensor
     ln2: torch.Tensor
-    wqkv: torch.Tensor  # [(H + 2 KV) * D, hidden]: q, k and v projections in one matrix
-    bqkv: torch.Tensor | None
+    wq: torch.Tensor
+    bq: torch.Tensor | None
+    wk: torch.Tensor
+    bk: torch.Tensor | None
+    wv: torch.Tensor
+    bv: torch.Tensor | None
     wo: torch.Tensor
     bo: torch.Tensor | None
-    wgu: torch.Tensor  # [2 * I, hidden]: gate and up projections in one matrix
+    wg: torch.Tensor
+    wu: torch.Tensor
     wd: torch.Tensor
-
-
-def _fuse(*linears: torch.nn.Linear, bias: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Stack the weights of several linear layers into one matrix, one read per step instead
-    of several. The layers' own parameters become views into it, so no memory is added and
-    the model's own forward keeps working."""
-    with torch.no_grad():
-        fused = torch.cat([m.weight.detach() for m in linears])
-        start = 0
-        for m in linears:
-            rows = m.weight.shape[0]
-            m.weight.data = fused[start : start + rows]
-            start += rows
-        fused_bias = None
-        if bias and all(m.bias is not None for m in linears):
-            fused_bias = torch.cat([m.bias.detach() for m in linears])
-            start = 0
-            for m in linears:
-                rows = m.bias.shape[0]
-                m.bias.data = fused_bias[start : start + rows]
-                start += rows
-    return fused, fused_bias
 
 
 def supports(model: Any) -> bool:
@@ -70,7 +53,11 @@ def supports(model: Any) -> bool:
         return False
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
     needed = ("embed_tokens", "rotary_emb", "layers", "norm")
-    return decoder is not None and all(hasattr(decoder, a) for a in needed) and model.get_output_embeddings() is not None
+    return (
+        decoder is not None
+        and all(hasattr(decoder, a) for a in needed)
+        and model.get_output_embeddings() is not None
+    )
 
 
 class FastDecoder:
@@ -90,32 +77,34 @@ class FastDecoder:
         self.n_heads = int(cfg.num_attention_heads)
         self.n_kv = int(getattr(cfg, "num_key_value_heads", None) or self.n_heads)
         self.scaling = float(first.scaling)
+        # The model's own parameters are used as they are (no copies: weights loaded from
+        # safetensors stay memory-mapped, and resident memory holds them once).
         self.layers = []
         for block in decoder.layers:
             a, m = block.self_attn, block.mlp
-            if (a.q_proj.bias is None) != (a.k_proj.bias is None) or (a.k_proj.bias is None) != (a.v_proj.bias is None):
-                raise ValueError("q, k and v projections must all have a bias or none")
-            wqkv, bqkv = _fuse(a.q_proj, a.k_proj, a.v_proj, bias=True)
-            wgu, _ = _fuse(m.gate_proj, m.up_proj)
             self.layers.append(
                 _Layer(
                     ln1=block.input_layernorm.weight,
                     ln2=block.post_attention_layernorm.weight,
-                    wqkv=wqkv,
-                    bqkv=bqkv,
+                    wq=a.q_proj.weight,
+                    bq=a.q_proj.bias,
+                    wk=a.k_proj.weight,
+                    bk=a.k_proj.bias,
+                    wv=a.v_proj.weight,
+                    bv=a.v_proj.bias,
                     wo=a.o_proj.weight,
                     bo=a.o_proj.bias,
-                    wgu=wgu,
+                    wg=m.gate_proj.weight,
+                    wu=m.up_proj.weight,
                     wd=m.down_proj.weight,
                 )
             )
         # Which matrix product streams weights fastest depends on device and dtype.
         self._weight_major = self.embed.device.type == "cpu" and self.embed.dtype == torch.float32
-        self.q_size = self.n_heads * self.head_dim
-        self.kv_size = self.n_kv * self.head_dim
-        self.inter = int(decoder.layers[0].mlp.gate_proj.weight.shape[0])
 
-    def _linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    def _linear(
+        self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """``x @ w.T + b`` for ``x`` of shape ``[..., K]``.
 
         On CPU in float32, a product with a handful of rows is much faster computed as
@@ -176,8 +165,9 @@ class FastDecoder:
             mask = mask.repeat(1, 1, n_rep, 1)
         for i, L in enumerate(self.layers[:layers]):
             x = self._rms(h, L.ln1)
-            qkv = self._linear(x, L.wqkv, L.bqkv)  # [1, T, (H + 2 KV) * D]
-            q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
+            q = self._linear(x, L.wq, L.bq)
+            k = self._linear(x, L.wk, L.bk)
+            v = self._linear(x, L.wv, L.bv)
             q = q.view(1, t, self.n_heads, self.head_dim).transpose(1, 2)
             k = k.view(1, t, self.n_kv, self.head_dim).transpose(1, 2)
             v = v.view(1, t, self.n_kv, self.head_dim).transpose(1, 2)
@@ -191,13 +181,14 @@ class FastDecoder:
                 )
             else:
                 packed = q.reshape(1, self.n_kv, n_rep * t, self.head_dim)  # [1, KV, R*T, D]
-                o = F.scaled_dot_product_attention(packed, keys, values, attn_mask=mask, scale=self.scaling)
+                o = F.scaled_dot_product_attention(
+                    packed, keys, values, attn_mask=mask, scale=self.scaling
+                )
                 o = o.view(1, self.n_heads, t, self.head_dim)
             o = o.transpose(1, 2).reshape(1, t, self.n_heads * self.head_dim)
             h = h + self._linear(o, L.wo, L.bo)
             x = self._rms(h, L.ln2)
-            gate, up = self._linear(x, L.wgu).split(self.inter, dim=-1)
-            h = h + self._linear(F.silu(gate) * up, L.wd)
+            h = h + self._linear(F.silu(self._linear(x, L.wg)) * self._linear(x, L.wu), L.wd)
         out = self._rms(h, self.norm)
         if keep:
             out = out[:, -keep:]
