@@ -406,7 +406,7 @@ class Engine:
 
     @staticmethod
     def _should_stop(req: Request) -> str:
-        """"cancelled" or "time" when the request must end now, else ""."""
+        """ "cancelled" or "time" when the request must end now, else ""."""
         if req.cancel is not None and req.cancel():
             return "cancelled"
         if req.deadline is not None and time.monotonic() > req.deadline:
@@ -483,7 +483,11 @@ class _Speculation:
         self.verifier = req.verifier_obj
         self.policy: ExitPolicy = req.policy_obj  # type: ignore[assignment]  # None only with drafter None
         self.deadline = req.deadline
-        parts = ((self.drafter_key, self.drafter), (self.verifier_key, self.verifier), (self.policy_key, self.policy))
+        parts = (
+            (self.drafter_key, self.drafter),
+            (self.verifier_key, self.verifier),
+            (self.policy_key, self.policy),
+        )
         missing = [key for key, obj in parts if obj is None]
         if req.drafter != NO_DRAFTER and missing:
             self._give_up(f"{', '.join(missing)} disabled or failed to start")
@@ -491,13 +495,6 @@ class _Speculation:
     @property
     def wants_hidden(self) -> bool:
         return self.drafter is not None and self.drafter.wants_hidden
-
-    def _timeout(self) -> float | None:
-        limit = self.guard.timeout_s
-        if self.deadline is not None:
-            left = max(self.deadline - time.monotonic(), 0.0)
-            limit = left if limit is None else min(limit, left)
-        return limit
 
     def _give_up(self, why: str) -> None:
         self.stats.fallback = self.stats.fallback or why
@@ -508,10 +505,8 @@ class _Speculation:
         if self.drafter is None:
             return
         try:
-            self.guard.call(
-                self.policy_key, self.policy.start, self.engine.max_draft, timeout_s=None
-            )
-            self.guard.call(self.drafter_key, self.drafter.start, ctx, timeout_s=self._timeout())
+            self.guard.call(self.policy_key, self.policy.start, self.engine.max_draft)
+            self.guard.call(self.drafter_key, self.drafter.start, ctx, deadline=self.deadline)
         except PluginFailed as e:
             self._give_up(str(e))
 
@@ -525,7 +520,7 @@ class _Speculation:
             budget = min(
                 limit,
                 max(
-                    int(self.guard.call(self.policy_key, self.policy.draft_budget, timeout_s=None)),
+                    int(self.guard.call(self.policy_key, self.policy.draft_budget)),
                     0,
                 ),
             )
@@ -539,7 +534,7 @@ class _Speculation:
                 _check_draft(draft, budget, vocab)
                 return draft
 
-            return self.guard.call(self.drafter_key, propose, timeout_s=self._timeout())
+            return self.guard.call(self.drafter_key, propose, deadline=self.deadline)
         except PluginFailed as e:
             self._give_up(str(e))
             return None
@@ -555,7 +550,7 @@ class _Speculation:
             return verdict
 
         try:
-            return self.guard.call(self.verifier_key, run, timeout_s=self._timeout())
+            return self.guard.call(self.verifier_key, run, deadline=self.deadline)
         except PluginFailed as e:
             self._give_up(str(e))
             return None
@@ -564,9 +559,9 @@ class _Speculation:
         if self.drafter is None:
             return
         try:
-            self.guard.call(self.policy_key, self.policy.observe, drafted, accepted, timeout_s=None)
+            self.guard.call(self.policy_key, self.policy.observe, drafted, accepted)
             self.guard.call(
-                self.drafter_key, self.drafter.commit, ctx, new, accepted, timeout_s=self._timeout()
+                self.drafter_key, self.drafter.commit, ctx, new, accepted, deadline=self.deadline
             )
         except PluginFailed as e:
             self._give_up(str(e))
@@ -575,7 +570,7 @@ class _Speculation:
         if self.drafter is None:
             return
         try:
-            self.guard.call(self.drafter_key, self.drafter.finish, ctx, timeout_s=self._timeout())
+            self.guard.call(self.drafter_key, self.drafter.finish, ctx, deadline=self.deadline)
         except PluginFailed:
             pass
 
@@ -606,7 +601,9 @@ def _check_draft(draft: Draft, budget: int, vocab: int) -> None:
             raise PluginError(f"draft q has shape {tuple(q.shape)}, expected {(n, vocab)}")
         if not torch.isfinite(q).all() or (q < 0).any():
             raise PluginError("draft q has NaN, infinite or negative probabilities")
-        if not torch.allclose(q.sum(-1).double().cpu(), torch.ones(n, dtype=torch.float64), atol=1e-3):
+        if not torch.allclose(
+            q.sum(-1).double().cpu(), torch.ones(n, dtype=torch.float64), atol=1e-3
+        ):
             raise PluginError("draft q rows do not sum to 1")
 
 

@@ -10,7 +10,7 @@ Calls run inline, on the decoding thread: no thread hop per draft step. A watchd
 interrupts a call that overruns its limit by raising :class:`PluginTimeout` inside it
 (``PyThreadState_SetAsyncExc``), which stops Python code at its next bytecode; a plugin
 blocked inside a single C call (a sleep, a long tensor operation) is stopped when that
-call returns.
+call returns. A call that returns after its limit counts as an overrun either way.
 """
 
 from __future__ import annotations
@@ -58,51 +58,59 @@ def _async_raise(thread_id: int, exc: type[BaseException] | None) -> None:
 
 
 class _Watchdog:
-    """One daemon thread that interrupts the armed call when its deadline passes."""
+    """One daemon thread that interrupts the armed call once its deadline has passed.
+
+    The calling thread takes no lock here: an interruption can land at any bytecode of
+    that thread, and one landing inside a lock's ``__enter__`` would leave the lock held.
+    The two threads agree through single assignments instead (atomic under the GIL), and
+    the caller waits out a firing in progress before it goes on (see :meth:`disarm`).
+    """
+
+    IDLE_POLL_S = 0.05
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
         self._armed: tuple[int, float, int] | None = None  # (thread id, deadline, serial)
-        self._fired: set[int] = set()
+        self._firing: int | None = None
+        self._fired: int | None = None
         self._serial = 0
         self._thread: threading.Thread | None = None
 
     def arm(self, limit_s: float) -> int:
-        with self._cond:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="specd-watchdog", daemon=True)
-                self._thread.start()
-            self._serial += 1
-            self._armed = (threading.get_ident(), time.monotonic() + limit_s, self._serial)
-            self._cond.notify()
-            return self._serial
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, name="specd-watchdog", daemon=True)
+            self._thread.start()
+        self._serial += 1
+        self._armed = (threading.get_ident(), time.monotonic() + limit_s, self._serial)
+        return self._serial
 
     def disarm(self, serial: int) -> bool:
-        """Stop watching; :returns: whether the watchdog fired for this call. A pending
-        interruption that was not delivered yet is withdrawn."""
-        with self._cond:
-            if self._armed is not None and self._armed[2] == serial:
-                self._armed = None
-            fired = serial in self._fired
-            if fired:
-                self._fired.discard(serial)
-                _async_raise(threading.get_ident(), None)
-            return fired
+        """Stop watching. :returns: whether the watchdog fired for this call. An
+        interruption not delivered yet is withdrawn; one delivered while disarming
+        surfaces here as PluginTimeout, and calling again finishes the job."""
+        self._armed = None
+        while self._firing == serial:
+            time.sleep(0)  # let the watchdog finish: it decided before it saw the disarm
+        if self._fired == serial:
+            _async_raise(threading.get_ident(), None)
+            return True
+        return False
 
     def _run(self) -> None:
-        with self._cond:
-            while True:
-                if self._armed is None:
-                    self._cond.wait()
-                    continue
-                tid, deadline, serial = self._armed
-                left = deadline - time.monotonic()
-                if left > 0:
-                    self._cond.wait(left)
-                    continue
-                self._armed = None
-                self._fired.add(serial)
+        while True:
+            armed = self._armed
+            if armed is None:
+                time.sleep(self.IDLE_POLL_S)
+                continue
+            tid, deadline, serial = armed
+            left = deadline - time.monotonic()
+            if left > 0:
+                time.sleep(min(left, self.IDLE_POLL_S))
+                continue
+            self._firing = serial
+            if self._armed is armed:  # still running: interrupt it
+                self._fired = serial
                 _async_raise(tid, PluginTimeout)
+            self._firing = None
 
 
 class PluginGuard:
@@ -121,24 +129,40 @@ class PluginGuard:
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
         return {
-            k: {"calls": h.calls, "failures": h.failures, "timeouts": h.timeouts, "disabled": h.disabled}
+            k: {
+                "calls": h.calls,
+                "failures": h.failures,
+                "timeouts": h.timeouts,
+                "disabled": h.disabled,
+            }
             for k, h in self._health.items()
         }
 
-    def call(self, key: str, fn: Callable[..., T], *args: Any, timeout_s: float | None = None) -> T:
-        """Run ``fn(*args)`` for plugin ``key``. :raises PluginFailed: on any failure."""
+    def call(self, key: str, fn: Callable[..., T], *args: Any, deadline: float | None = None) -> T:
+        """Run ``fn(*args)`` for plugin ``key``.
+
+        :param deadline: the request's own deadline (``time.monotonic()``), if any: the call
+            is cut off there too, but that is the request running out of time, not a fault
+            of the plugin, so it is not counted against it.
+        :raises PluginFailed: on any failure.
+        """
         h = self.health(key)
         if h.disabled:
             raise PluginFailed(f"{key} is disabled")
         h.calls += 1
-        limit = self.timeout_s if timeout_s is None else timeout_s
-        if limit is None:
+        limit = self.timeout_s
+        cut = limit
+        if deadline is not None:
+            left = max(deadline - time.monotonic(), 0.0)
+            cut = left if cut is None else min(cut, left)
+        if cut is None:
             try:
                 return fn(*args)
             except Exception as exc:  # noqa: BLE001 - whatever a plugin raises is isolated
                 self.fail(key, exc)
                 raise PluginFailed(f"{key} failed: {exc}") from exc
-        serial = self._watchdog.arm(max(limit, 0.0))
+        serial = self._watchdog.arm(cut)
+        start = time.monotonic()
         fired = False
         try:
             try:
@@ -151,10 +175,14 @@ class PluginGuard:
             if not fired:
                 self.fail(key, exc)
                 raise PluginFailed(f"{key} failed: {exc}") from exc
-        if fired:
+        elapsed = time.monotonic() - start
+        # A call that returned late counts as an overrun even if it was not interrupted.
+        if limit is not None and (elapsed > limit or (fired and cut >= limit)):
             h.timeouts += 1
             self.fail(key, PluginError(f"{key} did not return within {limit:.3g} s"), disable=True)
             raise PluginFailed(f"{key} timed out")
+        if fired or elapsed > cut:
+            raise PluginFailed(f"{key} stopped: the request ran out of time")
         return result
 
     def _disarm(self, serial: int) -> bool:
@@ -172,7 +200,9 @@ class PluginGuard:
         h.last_error = f"{type(exc).__name__}: {exc}"
         if not h.logged:
             h.logged = True
-            log.error("plugin %s failed; the request falls back to plain decoding", key, exc_info=exc)
+            log.error(
+                "plugin %s failed; the request falls back to plain decoding", key, exc_info=exc
+            )
         if (disable or h.failures >= self.failure_limit) and not h.disabled:
             h.disabled = True
             log.error("plugin %s disabled for this session after %d failure(s)", key, h.failures)

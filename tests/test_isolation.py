@@ -201,7 +201,7 @@ def test_engine_keeps_serving_after_failures(target):
 def test_watchdog_interruptions_never_escape_the_guard():
     from specd.isolation import PluginFailed, PluginGuard
 
-    guard = PluginGuard(timeout_s=0.002)
+    guard = PluginGuard(timeout_s=0.05)
 
     def busy(seconds):
         end = time.perf_counter() + seconds
@@ -210,14 +210,16 @@ def test_watchdog_interruptions_never_escape_the_guard():
         return seconds
 
     outcomes = {"ok": 0, "failed": 0}
-    for i in range(300):
+    for i in range(60):
         try:
-            guard.call(f"p{i}", busy, 0.002 * (i % 3) / 2)  # below, at and past the limit
+            # well below the limit, or four times past it
+            guard.call(f"p{i}", busy, (0.0, 0.005, 0.2)[i % 3])
             outcomes["ok"] += 1
         except PluginFailed:
             outcomes["failed"] += 1
-    busy(0.05)  # a late interruption would surface here
-    assert outcomes["ok"] > 0 and outcomes["failed"] > 0
+    busy(0.3)  # a late interruption would surface here
+    assert outcomes["failed"] >= 20  # every overrun is caught
+    assert outcomes["ok"] >= 35  # short calls pass (a rare scheduling stall may cost one)
 
 
 class RaisesInInit(Drafter):
@@ -254,3 +256,29 @@ def test_bad_drafter_options_fail_when_the_request_is_made(target):
     with pytest.raises(BadInputError, match="no_such_option"):
         engine.stream(PROMPT, PARAMS)
     assert len(engine.prefix_cache) == 0
+
+
+def test_running_out_of_request_time_is_not_held_against_the_plugin(target):
+    class Slowish(Drafter):
+        name = "slowish"
+
+        def propose(self, ctx, budget):
+            time.sleep(0.05)
+            return Draft.chain([ctx.tokens[-1]])
+
+    class P:
+        @hookimpl
+        def specd_register_drafters(self, register):
+            register(Slowish)
+
+    pm = get_plugin_manager()
+    plugin = P()
+    pm.register(plugin, name="test-slowish")
+    try:
+        engine = Engine(target, drafter="slowish", plugin_timeout_s=1.0)
+        out = engine.generate(PROMPT, SamplingParams(max_tokens=500), time_budget_s=0.12)
+        assert out.stats.finish_reason == "time"
+        health = engine.plugin_health()["drafter:slowish"]
+        assert health["failures"] == 0 and not health["disabled"]
+    finally:
+        pm.unregister(plugin)
