@@ -85,6 +85,6 @@ def test_plugins_json_lists_builtins():
 
 
 def test_help_for_every_command():
-    for cmd in ["generate", "plugins"]:
+    for cmd in ["generate", "plugins", "verify", "bench", "serve", "complete", "stats"]:
         r = specd(cmd, "--help")
         assert r.returncode == 0 and "usage" in r.stdout
