@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Sequence
+from typing import Any
 
 from lsprotocol import types
 from pygls.capabilities import ServerCapabilitiesBuilder
@@ -23,7 +25,7 @@ def position_encoding(capabilities: types.ClientCapabilities) -> str:
     return chosen.value if isinstance(chosen, enum.Enum) else str(chosen)
 
 
-def apply_changes(doc: Document, changes: list, encoding: str = UTF16) -> None:
+def apply_changes(doc: Document, changes: Sequence[Any], encoding: str = UTF16) -> None:
     """Apply ``didChange`` content changes, in order, each against the result of the last."""
     for change in changes:
         rng = getattr(change, "range", None)

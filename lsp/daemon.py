@@ -10,11 +10,11 @@ import queue
 import signal
 import threading
 from collections.abc import Callable
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 from specd.errors import BadInputError
 
-from .rpc import SafeWriter, read_messages
+from .rpc import SafeWriter, SpecdProtocol, read_messages
 from .server import Service, SpecdServer
 
 log = logging.getLogger(__name__)
@@ -110,9 +110,10 @@ def run_stdio(service: Service, stdin: BinaryIO, stdout: BinaryIO) -> int:
             stdout.flush()
 
         ls.protocol.set_writer(SafeWriter(write, lambda: None, ls.end_session))
-        await read_messages(StdinReader(stdin), ls.protocol, lambda: ls.ended)
+        protocol = cast(SpecdProtocol, ls.protocol)
+        await read_messages(StdinReader(stdin), protocol, lambda: ls.ended)
         ls.end_session()
-        return ls.protocol.exit_code
+        return protocol.exit_code
 
     try:
         code = asyncio.run(main())
@@ -129,7 +130,7 @@ def run_tcp(service: Service, host: str, port: int, *, ready: Callable[[str, int
         ls = SpecdServer(service)
         ls.protocol.set_writer(SafeWriter(writer.write, writer.close, ls.end_session))
         try:
-            await read_messages(reader, ls.protocol, lambda: ls.ended)
+            await read_messages(reader, cast(SpecdProtocol, ls.protocol), lambda: ls.ended)
         finally:
             ls.end_session()
             writer.close()

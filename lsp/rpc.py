@@ -136,11 +136,11 @@ class SpecdProtocol(LanguageServerProtocol):
     # -- lifecycle ---------------------------------------------------------------------------
 
     @lsp_method(types.EXIT)
-    def lsp_exit(self, *args) -> None:
+    def lsp_exit(self, *args) -> None:  # type: ignore[override]
         """``exit``: end this session (0 after ``shutdown``, else 1), not the process: the
         transport decides what ending a session means."""
         self.exit_code = 0 if self._shutdown else 1
-        self._server.end_session()
+        self._server.end_session()  # type: ignore[attr-defined]
 
     # -- documents go to the server's own store -----------------------------------------------
 

@@ -19,7 +19,7 @@ import itertools
 import logging
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from lsprotocol import types
@@ -181,7 +181,7 @@ class SpecdServer(LanguageServer):
         self.index.closed(uri)
         self.service.worker.cancel_key(self._key(uri), "changed")
 
-    def _notice_acceptance(self, changes: list) -> None:
+    def _notice_acceptance(self, changes: Sequence[Any]) -> None:
         """An insertion equal to a completion we showed means the user took it (for
         clients that do not run the item's command)."""
         for change in changes:

@@ -76,7 +76,9 @@ class WorkspaceIndex:
         if text and self._keep_accepted:
             with self._lock:
                 self._pending_accepted.append(text)
-                del self._pending_accepted[: -self._accepted.maxlen]
+                keep = self._accepted.maxlen
+                if keep is not None:
+                    del self._pending_accepted[:-keep]
 
     # -- called by the generation worker --------------------------------------------------
 

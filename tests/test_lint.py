@@ -1,0 +1,23 @@
+"""The code stays ruff-clean and mypy-clean (the tools come with the test extras)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def test_ruff():
+    r = run("ruff", "check", "specd", "plugins", "lsp", "tests", "scripts")
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_mypy():
+    r = run("mypy", "--cache-dir", "/tmp/specd-mypy-cache")  # files from [tool.mypy]
+    assert r.returncode == 0, r.stdout + r.stderr
