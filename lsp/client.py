@@ -76,20 +76,33 @@ class Client:
         self.close()
 
     def _send(self, message: dict[str, Any]) -> None:
-        body = json.dumps(message).encode("utf-8")
-        self._sock.sendall(b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        self._sock.sendall(frame(message))
 
     def _receive(self) -> dict[str, Any]:
-        length = None
-        while True:
-            line = self._file.readline()
-            if not line:
-                raise SpecdError("the daemon closed the connection")
-            if line in (b"\r\n", b"\n"):
-                if length is not None:
-                    break
-                continue
-            name, _, value = line.decode("latin-1").partition(":")
-            if name.strip().lower() == "content-length":
-                length = int(value)
-        return json.loads(self._file.read(length))
+        message = read_frame(self._file)
+        if message is None:
+            raise SpecdError("the daemon closed the connection")
+        return message
+
+
+def frame(message: dict[str, Any]) -> bytes:
+    """One JSON-RPC message with its LSP base-protocol header."""
+    body = json.dumps(message).encode("utf-8")
+    return b"Content-Length: %d\r\n\r\n" % len(body) + body
+
+
+def read_frame(stream: Any) -> dict[str, Any] | None:
+    """Read one framed JSON-RPC message from a binary stream; None at end of input."""
+    length = None
+    while True:
+        line = stream.readline()
+        if not line:
+            return None
+        if line in (b"\r\n", b"\n"):
+            if length is not None:
+                break
+            continue
+        name, _, value = line.decode("latin-1").partition(":")
+        if name.strip().lower() == "content-length":
+            length = int(value)
+    return json.loads(stream.read(length))

@@ -28,6 +28,7 @@ import time
 from typing import Any
 
 import psutil
+from specd.lsp.client import frame, read_frame
 
 SERVER = [sys.executable, "-m", "specd.cli", "serve", "--stdio"]
 TYPED = "abcdefghij xyz_()=:,.0123456789\n    "
@@ -44,27 +45,18 @@ class _Server:
         threading.Thread(target=lambda: self.stderr.extend(self.proc.stderr), daemon=True).start()  # type: ignore[arg-type]
 
     def send(self, message: dict[str, Any]) -> None:
-        body = json.dumps(message).encode()
         with self._lock:
-            self.proc.stdin.write(b"Content-Length: %d\r\n\r\n%s" % (len(body), body))  # type: ignore[union-attr]
+            self.proc.stdin.write(frame(message))  # type: ignore[union-attr]
             self.proc.stdin.flush()  # type: ignore[union-attr]
 
     def _read(self) -> None:
         out = self.proc.stdout
         assert out is not None
         while True:
-            length = None
-            while True:
-                line = out.readline()
-                if not line:
-                    self.responses.put(None)
-                    return
-                if line == b"\r\n":
-                    break
-                name, _, value = line.decode().partition(":")
-                if name.lower() == "content-length":
-                    length = int(value)
-            msg = json.loads(out.read(length))
+            msg = read_frame(out)
+            if msg is None:
+                self.responses.put(None)
+                return
             if "id" in msg and "method" not in msg:
                 self.responses.put(msg)
 

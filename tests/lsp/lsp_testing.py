@@ -17,6 +17,8 @@ import threading
 import time
 from typing import Any
 
+from specd.lsp.client import read_frame
+
 SERVER = [sys.executable, "-m", "specd.cli", "serve", "--stdio", "--tiny-model"]
 # One thread per server: several engineers share two cores.
 SERVER_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -91,19 +93,10 @@ class RawClient:
         out = self.proc.stdout
         assert out is not None
         while True:
-            length = None
-            while True:
-                line = out.readline()
-                if not line:
-                    self._messages.put(None)
-                    return
-                if line == b"\r\n":
-                    break
-                name, _, value = line.decode().partition(":")
-                if name.lower() == "content-length":
-                    length = int(value)
-            assert length is not None
-            self._messages.put(json.loads(out.read(length)))
+            msg = read_frame(out)
+            self._messages.put(msg)
+            if msg is None:
+                return
 
     def _read_stderr(self) -> None:
         assert self.proc.stderr is not None
