@@ -20,7 +20,7 @@ from typing import Any
 from specd.lsp.client import read_frame
 
 SERVER = [sys.executable, "-m", "specd.cli", "serve", "--stdio", "--tiny-model"]
-# One thread per server: several engineers share two cores.
+# One thread per server: the suite runs several servers at once on few cores.
 SERVER_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
