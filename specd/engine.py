@@ -32,8 +32,6 @@ from .textstream import TextStream
 log = logging.getLogger(__name__)
 
 NO_DRAFTER = "none"
-#: Prompt tokens computed between two checks for cancellation during prefill.
-PREFILL_CHUNK = 256
 
 
 @dataclass
@@ -414,24 +412,20 @@ class Engine:
         return ""
 
     def prefill(self, prompt: Sequence[int], stop: Callable[[], str] | None = None):
-        """Bring a cache to hold ``prompt[:-1]``, reusing the longest cached prefix, in
-        chunks of ``PREFILL_CHUNK`` tokens with ``stop`` checked between them.
+        """Bring a cache to hold ``prompt[:-1]``, reusing the longest cached prefix, with
+        ``stop`` checked between prefill chunks (:data:`specd.target.PREFILL_CHUNK`).
 
         :returns: (cache, tokens reused from an earlier request, why it stopped early or "").
         """
         head = list(prompt[:-1])
         cache, reused = self.prefix_cache.acquire(head)
         try:
-            for start in range(reused, len(head), PREFILL_CHUNK):
-                why = stop() if stop is not None else ""
-                if why:
-                    return cache, reused, why
-                self.target.prefill(cache, head[start : start + PREFILL_CHUNK])
+            why = self.target.prefill(cache, head[reused:], stop)
         except BaseException:
             cache.crop(0)
             self.prefix_cache.release(cache, [])
             raise
-        return cache, reused, ""
+        return cache, reused, why
 
     def verify_step(
         self,

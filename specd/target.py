@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,7 +14,8 @@ from . import fastpath
 from .fastpath import FastDecoder
 from .kvcache import KVCache
 
-PREFILL_CHUNK = 1024
+#: Prompt tokens computed per forward pass in prefill, with a stop check between passes.
+PREFILL_CHUNK = 256
 
 
 @dataclass
@@ -73,10 +74,21 @@ class Target:
         return total
 
     @torch.inference_mode()
-    def prefill(self, cache: KVCache, tokens: Sequence[int]) -> None:
-        """Append ``tokens`` to the cache without computing their logits (beyond one row)."""
+    def prefill(
+        self, cache: KVCache, tokens: Sequence[int], stop: Callable[[], str] | None = None
+    ) -> str:
+        """Append ``tokens`` to the cache without computing their logits (beyond one row),
+        in chunks of ``PREFILL_CHUNK`` tokens.
+
+        :param stop: checked before each chunk; a non-empty answer ends the prefill there.
+        :returns: ``stop``'s answer when it ended the prefill early, else "".
+        """
         for start in range(0, len(tokens), PREFILL_CHUNK):
+            why = stop() if stop is not None else ""
+            if why:
+                return why
             self._run(cache, list(tokens[start : start + PREFILL_CHUNK]), None, keep=1)
+        return ""
 
     @torch.inference_mode()
     def forward(

@@ -166,7 +166,7 @@ def test_time_budget():
 
 
 def test_cancellation_during_a_long_prefill_keeps_what_was_computed():
-    from specd.engine import PREFILL_CHUNK
+    from specd.target import PREFILL_CHUNK
 
     engine = Engine(tiny_target(VOCAB, seed=0), drafter="none")
     prompt = [i % VOCAB for i in range(PREFILL_CHUNK * 3 + 5)]
