@@ -51,7 +51,9 @@ class Client:
             if msg.get("id") == my_id and ("result" in msg or "error" in msg):
                 if "error" in msg:
                     err = msg["error"]
-                    raise DaemonError(f"the daemon answered {method} with error {err.get('code')}: {err.get('message')}")
+                    raise DaemonError(
+                        f"the daemon answered {method} with error {err.get('code')}: {err.get('message')}"
+                    )
                 return msg["result"]
             if "method" in msg and "id" in msg:  # a request from the server: decline politely
                 self._send({"jsonrpc": "2.0", "id": msg["id"], "result": None})

@@ -31,11 +31,33 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Run the specd language server. The model loads once and is warmed up before the first request.",
     )
     where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--stdio", action="store_true", help="talk LSP on stdin/stdout (what editors start)")
-    where.add_argument("--tcp", metavar="HOST:PORT", help="listen on a loopback address, e.g. 127.0.0.1:8765 (port 0: any free port)")
-    p.add_argument("--allow-remote", action="store_true", help="allow --tcp on a non-loopback address (no authentication: trusted networks only)")
-    p.add_argument("--cache-entries", type=int, default=None, metavar="N", help="KV caches kept for prefix reuse, least recently used evicted first (default: the engine's, 4)")
-    p.add_argument("--cache-mib", type=int, default=None, metavar="MIB", help="cap on the memory of those KV caches (default: no cap beyond the count)")
+    where.add_argument(
+        "--stdio", action="store_true", help="talk LSP on stdin/stdout (what editors start)"
+    )
+    where.add_argument(
+        "--tcp",
+        metavar="HOST:PORT",
+        help="listen on a loopback address, e.g. 127.0.0.1:8765 (port 0: any free port)",
+    )
+    p.add_argument(
+        "--allow-remote",
+        action="store_true",
+        help="allow --tcp on a non-loopback address (no authentication: trusted networks only)",
+    )
+    p.add_argument(
+        "--cache-entries",
+        type=int,
+        default=None,
+        metavar="N",
+        help="KV caches kept for prefix reuse, least recently used evicted first (default: the engine's, 4)",
+    )
+    p.add_argument(
+        "--cache-mib",
+        type=int,
+        default=None,
+        metavar="MIB",
+        help="cap on the memory of those KV caches (default: no cap beyond the count)",
+    )
     _add_common(p)
     p.set_defaults(func=cmd_serve)
 
@@ -46,20 +68,36 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("file", metavar="FILE")
     p.add_argument("--line", type=int, required=True, help="1-based line of the cursor")
-    p.add_argument("--col", type=int, required=True, help="1-based column of the cursor, in characters")
-    p.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats, ...")
-    p.add_argument("--server", metavar="HOST:PORT", help="ask a running `specd serve --tcp` daemon instead of loading the model here")
+    p.add_argument(
+        "--col", type=int, required=True, help="1-based column of the cursor, in characters"
+    )
+    p.add_argument(
+        "--json", action="store_true", help="print one JSON object: text, token_ids, stats, ..."
+    )
+    p.add_argument(
+        "--server",
+        metavar="HOST:PORT",
+        help="ask a running `specd serve --tcp` daemon instead of loading the model here",
+    )
     _add_common(p)
     p.set_defaults(func=cmd_complete)
 
-    p = sub.add_parser("stats", help="metrics of a running daemon", description="Print a running daemon's metrics since it started (aggregates only, no code).")
+    p = sub.add_parser(
+        "stats",
+        help="metrics of a running daemon",
+        description="Print a running daemon's metrics since it started (aggregates only, no code).",
+    )
     p.add_argument("--server", metavar="HOST:PORT", required=True)
     p.add_argument("--json", action="store_true", help="print the raw JSON report")
     p.set_defaults(func=cmd_stats)
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", metavar="PATH", help=f"settings file (default: {config.default_file()} when it exists)")
+    p.add_argument(
+        "--config",
+        metavar="PATH",
+        help=f"settings file (default: {config.default_file()} when it exists)",
+    )
     add_model_args(p)
     add_decoding_args(p)
     p.add_argument("--tiny-model", action="store_true", help=argparse.SUPPRESS)
@@ -108,7 +146,9 @@ def warm_up(engine: Any) -> None:
     """One tiny generation, so the first real request does not pay for lazy setup."""
     from specd import SamplingParams
 
-    engine.generate(engine.tokenize("def main():\n") or [0], SamplingParams(max_tokens=2), drafter="none")
+    engine.generate(
+        engine.tokenize("def main():\n") or [0], SamplingParams(max_tokens=2), drafter="none"
+    )
 
 
 # -- complete ----------------------------------------------------------------------------------
@@ -151,12 +191,18 @@ def _complete_here(args: argparse.Namespace, doc: Any, line: int, col: int) -> d
     settings, _ = _settings(args, strict=True)
     completer = Completer(_engine(args), sampling_params(args))
     pos = doc.resolve(line, col, "utf-32")
-    cursor = doc.cursor(pos, before_chars=settings.prefix_tokens * 8, after_chars=max(settings.suffix_tokens * 8, 400))
+    cursor = doc.cursor(
+        pos,
+        before_chars=settings.prefix_tokens * 8,
+        after_chars=max(settings.suffix_tokens * 8, 400),
+    )
     request = CompletionRequest(cursor, display_path(doc.uri), settings, uri=doc.uri)
     return completer.complete(request).as_json()
 
 
-def _complete_remote(args: argparse.Namespace, uri: str, doc: Any, line: int, col: int) -> dict[str, Any]:
+def _complete_remote(
+    args: argparse.Namespace, uri: str, doc: Any, line: int, col: int
+) -> dict[str, Any]:
     from .client import Client
     from .daemon import parse_address
 
@@ -164,10 +210,20 @@ def _complete_remote(args: argparse.Namespace, uri: str, doc: Any, line: int, co
     with Client(host, port) as client:
         client.notify(
             "textDocument/didOpen",
-            {"textDocument": {"uri": uri, "languageId": doc.language_id, "version": 0, "text": doc.text}},
+            {
+                "textDocument": {
+                    "uri": uri,
+                    "languageId": doc.language_id,
+                    "version": 0,
+                    "text": doc.text,
+                }
+            },
         )
         try:
-            return client.request("specd/complete", {"textDocument": {"uri": uri}, "position": {"line": line, "character": col}})
+            return client.request(
+                "specd/complete",
+                {"textDocument": {"uri": uri}, "position": {"line": line, "character": col}},
+            )
         finally:
             client.notify("textDocument/didClose", {"textDocument": {"uri": uri}})
 
@@ -200,13 +256,23 @@ def cmd_stats(args: argparse.Namespace) -> int:
         return EXIT_OK
     acc, lat, pc = report["acceptance"], report["latency"], report["prefix_cache"]
     print(f"uptime            {report['uptime_s']:.0f} s")
-    print(f"requests          {report['requests']} ({report['completed']} completed, {report['cancellations']['total']} cancelled, {report['errors']} failed)")
+    print(
+        f"requests          {report['requests']} ({report['completed']} completed, {report['cancellations']['total']} cancelled, {report['errors']} failed)"
+    )
     print(f"fallbacks         {report['fallbacks']}")
-    print(f"acceptance        mean {acc['mean_length']:.2f} tokens/step; per position {', '.join(f'{r:.2f}' for r in acc['position_rates']) or '-'}")
+    print(
+        f"acceptance        mean {acc['mean_length']:.2f} tokens/step; per position {', '.join(f'{r:.2f}' for r in acc['position_rates']) or '-'}"
+    )
     print(f"tokens per step   {', '.join(f'{k}: {n}' for k, n in acc['histogram'].items()) or '-'}")
-    print(f"ttft              p50 {1000 * lat['ttft_s']['p50']:.0f} ms, p95 {1000 * lat['ttft_s']['p95']:.0f} ms")
-    print(f"tpot              p50 {1000 * lat['tpot_s']['p50']:.1f} ms, p95 {1000 * lat['tpot_s']['p95']:.1f} ms")
-    print(f"prefix cache      hit rate {pc['hit_rate']:.0%}, {pc['reused_fraction']:.0%} of prompt tokens reused")
+    print(
+        f"ttft              p50 {1000 * lat['ttft_s']['p50']:.0f} ms, p95 {1000 * lat['ttft_s']['p95']:.0f} ms"
+    )
+    print(
+        f"tpot              p50 {1000 * lat['tpot_s']['p50']:.1f} ms, p95 {1000 * lat['tpot_s']['p95']:.1f} ms"
+    )
+    print(
+        f"prefix cache      hit rate {pc['hit_rate']:.0%}, {pc['reused_fraction']:.0%} of prompt tokens reused"
+    )
     return EXIT_OK
 
 
@@ -245,8 +311,18 @@ def _engine(args: argparse.Namespace) -> Any:
 
 
 _LANGUAGES = {
-    "py": "python", "rs": "rust", "js": "javascript", "ts": "typescript", "go": "go", "c": "c",
-    "h": "c", "cpp": "cpp", "java": "java", "rb": "ruby", "lua": "lua", "sh": "shellscript",
+    "py": "python",
+    "rs": "rust",
+    "js": "javascript",
+    "ts": "typescript",
+    "go": "go",
+    "c": "c",
+    "h": "c",
+    "cpp": "cpp",
+    "java": "java",
+    "rb": "ruby",
+    "lua": "lua",
+    "sh": "shellscript",
 }
 
 

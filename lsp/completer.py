@@ -77,7 +77,9 @@ class Completer:
         their ``max_tokens``).
     """
 
-    def __init__(self, engine: Engine, params: SamplingParams | None = None, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self, engine: Engine, params: SamplingParams | None = None, metrics: Metrics | None = None
+    ) -> None:
         self.engine = engine
         self.params = params or SamplingParams()
         self.metrics = metrics or Metrics()
@@ -152,8 +154,19 @@ class Completer:
                 else:
                     ids = self.vocab.encode(doc.head(s.context_tokens * 8))[: s.context_tokens]
                 if ids:
-                    others.append(prompting.ContextDocument(prompting.display_path(doc.uri, req.root_uri), ids))
-        return prompting.build(self.template(s.fim), self.vocab, req.cursor, path=req.path, others=others, budget=budget)
+                    others.append(
+                        prompting.ContextDocument(
+                            prompting.display_path(doc.uri, req.root_uri), ids
+                        )
+                    )
+        return prompting.build(
+            self.template(s.fim),
+            self.vocab,
+            req.cursor,
+            path=req.path,
+            others=others,
+            budget=budget,
+        )
 
     def _cut_at_stop(self, delta: Any, stop_ids: frozenset[int]) -> tuple[str, bool]:
         """The delta's text, cut before a template stop token (``<file_sep>``...)."""
@@ -161,5 +174,7 @@ class Completer:
             return delta.text, False
         for i, t in enumerate(delta.token_ids):
             if t in stop_ids:
-                return self.engine.tokenizer.decode(delta.token_ids[:i], skip_special_tokens=True), True
+                return self.engine.tokenizer.decode(
+                    delta.token_ids[:i], skip_special_tokens=True
+                ), True
         return delta.text, False

@@ -23,7 +23,9 @@ Positive = Annotated[int, msgspec.Meta(ge=1)]
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 
 
-class Settings(msgspec.Struct, forbid_unknown_fields=True, rename="kebab", omit_defaults=True, kw_only=True):
+class Settings(
+    msgspec.Struct, forbid_unknown_fields=True, rename="kebab", omit_defaults=True, kw_only=True
+):
     """Completion behaviour. Field names are written kebab-case (``max-lines``)."""
 
     #: most tokens to generate; None: the server's ``--max-tokens``

@@ -37,23 +37,33 @@ def apply_changes(doc: Document, changes: Sequence[Any], encoding: str = UTF16) 
             doc.apply_change(change.text, start, end)
 
 
-def lsp_position(cursor: Cursor, encoding: str = UTF16, *, column: int | None = None) -> types.Position:
+def lsp_position(
+    cursor: Cursor, encoding: str = UTF16, *, column: int | None = None
+) -> types.Position:
     """The LSP position of the cursor (or of another ``column`` on its line, left of it)."""
     col = cursor.column if column is None else column
     return types.Position(line=cursor.line, character=from_index(cursor.line_before, col, encoding))
 
 
-def inline_list(text: str, cursor: Cursor, encoding: str, command: types.Command | None) -> types.InlineCompletionList:
+def inline_list(
+    text: str, cursor: Cursor, encoding: str, command: types.Command | None
+) -> types.InlineCompletionList:
     """``textDocument/inlineCompletion`` result: one item inserted at the cursor, or none."""
     if not text:
         return types.InlineCompletionList(items=[])
     here = lsp_position(cursor, encoding)
     return types.InlineCompletionList(
-        items=[types.InlineCompletionItem(insert_text=text, range=types.Range(here, here), command=command)]
+        items=[
+            types.InlineCompletionItem(
+                insert_text=text, range=types.Range(here, here), command=command
+            )
+        ]
     )
 
 
-def completion_item(text: str, cursor: Cursor, encoding: str, command: types.Command | None, *, rank: int = 0) -> types.CompletionItem:
+def completion_item(
+    text: str, cursor: Cursor, encoding: str, command: types.Command | None, *, rank: int = 0
+) -> types.CompletionItem:
     """A ``textDocument/completion`` item for ``text`` inserted at the cursor.
 
     The edit starts at the beginning of the word under the cursor, and so does the filter

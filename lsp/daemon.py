@@ -60,7 +60,9 @@ class StdinReader:
 
     def __init__(self, stream: BinaryIO) -> None:
         self._stream = stream
-        self._calls: queue.SimpleQueue[tuple[Callable[..., bytes], tuple[Any, ...], asyncio.AbstractEventLoop, asyncio.Future]] = queue.SimpleQueue()
+        self._calls: queue.SimpleQueue[
+            tuple[Callable[..., bytes], tuple[Any, ...], asyncio.AbstractEventLoop, asyncio.Future]
+        ] = queue.SimpleQueue()
         threading.Thread(target=self._serve, name="specd-stdin", daemon=True).start()
 
     async def readline(self) -> bytes:
@@ -122,7 +124,9 @@ def run_stdio(service: Service, stdin: BinaryIO, stdout: BinaryIO) -> int:
     return 0 if code is None else code
 
 
-def run_tcp(service: Service, host: str, port: int, *, ready: Callable[[str, int], None] | None = None) -> int:
+def run_tcp(
+    service: Service, host: str, port: int, *, ready: Callable[[str, int], None] | None = None
+) -> int:
     """Serve TCP clients until SIGINT/SIGTERM. Each connection is its own session;
     ``exit`` ends the session, not the daemon. ``ready`` gets the bound address."""
 

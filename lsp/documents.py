@@ -166,7 +166,13 @@ class Document:
         """The LSP (line, character) of a code-point position."""
         return line, from_index(strip_eol(self._lines[line]), column, encoding)
 
-    def apply_change(self, text: str, start: Position | None = None, end: Position | None = None, version: int | None = None) -> None:
+    def apply_change(
+        self,
+        text: str,
+        start: Position | None = None,
+        end: Position | None = None,
+        version: int | None = None,
+    ) -> None:
         """Replace the text between ``start`` and ``end`` (the whole document when they
         are None) with ``text``."""
         if version is not None:
@@ -193,7 +199,9 @@ class Document:
             new.pop()
         self._lines = lines[:lo] + new + lines[hi:]
 
-    def cursor(self, pos: Position, *, before_chars: int, after_chars: int, align_lines: int = 32) -> Cursor:
+    def cursor(
+        self, pos: Position, *, before_chars: int, after_chars: int, align_lines: int = 32
+    ) -> Cursor:
         """Copy out the text around ``pos``.
 
         :param before_chars: at most this many code points before the cursor.

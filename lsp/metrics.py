@@ -113,19 +113,36 @@ class Metrics:
                 "fallbacks": self.fallbacks,
                 "clamped_positions": self.clamped_positions,
                 "cancellations": {"total": sum(self.cancelled.values()), **self.cancelled},
-                "generations": {"started": self.generations, "running": self.running, "max_running": self.max_running},
+                "generations": {
+                    "started": self.generations,
+                    "running": self.running,
+                    "max_running": self.max_running,
+                },
                 "acceptance": {
-                    "mean_length": self.new_tokens / self.target_steps if self.target_steps else 0.0,
+                    "mean_length": self.new_tokens / self.target_steps
+                    if self.target_steps
+                    else 0.0,
                     "new_tokens": self.new_tokens,
                     "target_steps": self.target_steps,
                     "drafted": self.drafted,
                     "accepted": self.accepted,
-                    "position_rates": [a / d if d else 0.0 for a, d in zip(self._position_accepted, self._position_drafted)],
+                    "position_rates": [
+                        a / d if d else 0.0
+                        for a, d in zip(self._position_accepted, self._position_drafted)
+                    ],
                     "histogram": {str(k + 1): n for k, n in enumerate(self._histogram) if n},
                 },
                 "latency": {
-                    "ttft_s": {"p50": percentile(ttft, 50), "p95": percentile(ttft, 95), "n": len(ttft)},
-                    "tpot_s": {"p50": percentile(tpot, 50), "p95": percentile(tpot, 95), "n": len(tpot)},
+                    "ttft_s": {
+                        "p50": percentile(ttft, 50),
+                        "p95": percentile(ttft, 95),
+                        "n": len(ttft),
+                    },
+                    "tpot_s": {
+                        "p50": percentile(tpot, 50),
+                        "p95": percentile(tpot, 95),
+                        "n": len(tpot),
+                    },
                 },
                 "prefix_cache": {
                     "lookups": lookups,
@@ -133,7 +150,9 @@ class Metrics:
                     "hit_rate": hits / lookups if lookups else 0.0,
                     "prompt_tokens": self.prompt_tokens,
                     "reused_tokens": self.reused_tokens,
-                    "reused_fraction": self.reused_tokens / self.prompt_tokens if self.prompt_tokens else 0.0,
+                    "reused_fraction": self.reused_tokens / self.prompt_tokens
+                    if self.prompt_tokens
+                    else 0.0,
                 },
             }
 

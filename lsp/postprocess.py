@@ -55,7 +55,15 @@ def shape_for(cursor: Cursor, *, mode: str = "auto", max_lines: int = 8) -> Shap
     following = cursor.after.split("\n")[1:]
     next_line = next((ln for ln in following if ln.strip()), "")
     eol = "\r\n" if "\r\n" in cursor.after[: len(cursor.line_after) + 2] else "\n"
-    return Shape(mode, indent, opens, max_lines if mode == "block" else 1, cursor.line_after, next_line.rstrip("\r"), eol)
+    return Shape(
+        mode,
+        indent,
+        opens,
+        max_lines if mode == "block" else 1,
+        cursor.line_after,
+        next_line.rstrip("\r"),
+        eol,
+    )
 
 
 def should_stop(text: str, shape: Shape) -> bool:

@@ -54,27 +54,60 @@ class Template:
 
 TEMPLATES: dict[str, Template] = {
     "starcoder": Template(
-        "starcoder", "<fim_prefix>", "<fim_suffix>", "<fim_middle>",
-        file_sep="<file_sep>", repo_name="<repo_name>",
+        "starcoder",
+        "<fim_prefix>",
+        "<fim_suffix>",
+        "<fim_middle>",
+        file_sep="<file_sep>",
+        repo_name="<repo_name>",
         stop=("<|endoftext|>", "<file_sep>", "<fim_prefix>", "<fim_suffix>", "<fim_middle>"),
     ),
     "qwen": Template(
-        "qwen", "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>",
-        file_sep="<|file_sep|>", repo_name="<|repo_name|>",
-        stop=("<|endoftext|>", "<|fim_pad|>", "<|file_sep|>", "<|repo_name|>", "<|im_end|>", "<|fim_prefix|>"),
+        "qwen",
+        "<|fim_prefix|>",
+        "<|fim_suffix|>",
+        "<|fim_middle|>",
+        file_sep="<|file_sep|>",
+        repo_name="<|repo_name|>",
+        stop=(
+            "<|endoftext|>",
+            "<|fim_pad|>",
+            "<|file_sep|>",
+            "<|repo_name|>",
+            "<|im_end|>",
+            "<|fim_prefix|>",
+        ),
     ),
     "codellama": Template("codellama", "▁<PRE>", "▁<SUF>", "▁<MID>", stop=("▁<EOT>",), bos=True),
     "deepseek": Template(
-        "deepseek", "<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>",
-        stop=("<|EOT|>", "<｜end▁of▁sentence｜>"), bos=True,
+        "deepseek",
+        "<｜fim▁begin｜>",
+        "<｜fim▁hole｜>",
+        "<｜fim▁end｜>",
+        stop=("<|EOT|>", "<｜end▁of▁sentence｜>"),
+        bos=True,
     ),
-    "codestral": Template("codestral", "[PREFIX]", "[SUFFIX]", None, order="sp", stop=("[PREFIX]", "[SUFFIX]"), bos=True),
+    "codestral": Template(
+        "codestral",
+        "[PREFIX]",
+        "[SUFFIX]",
+        None,
+        order="sp",
+        stop=("[PREFIX]", "[SUFFIX]"),
+        bos=True,
+    ),
 }
 
 # Line comments by file extension, for the file headers of a prefix-only prompt.
 _COMMENT = {
-    **dict.fromkeys("py pyi sh bash zsh rb pl r toml yaml yml cfg ini mk cmake nim ex exs jl tf dockerfile".split(), "#"),
-    **dict.fromkeys("c h cc cpp cxx hpp hh cs java js jsx ts tsx mjs go rs swift kt kts scala dart php zig proto groovy v sv".split(), "//"),
+    **dict.fromkeys(
+        "py pyi sh bash zsh rb pl r toml yaml yml cfg ini mk cmake nim ex exs jl tf dockerfile".split(),
+        "#",
+    ),
+    **dict.fromkeys(
+        "c h cc cpp cxx hpp hh cs java js jsx ts tsx mjs go rs swift kt kts scala dart php zig proto groovy v sv".split(),
+        "//",
+    ),
     **dict.fromkeys("lua sql hs elm ada".split(), "--"),
     **dict.fromkeys("el lisp clj cljs scm rkt".split(), ";;"),
     **dict.fromkeys("tex erl hrl m".split(), "%"),
@@ -196,7 +229,13 @@ def build(
     return Prompt(ids, template.name, stop, n_docs, len(prefix), len(suffix))
 
 
-def _prefix_only(vocab: Vocabulary, prefix: list[int], path: str, others: Sequence[ContextDocument], budget: Budget) -> Prompt:
+def _prefix_only(
+    vocab: Vocabulary,
+    prefix: list[int],
+    path: str,
+    others: Sequence[ContextDocument],
+    budget: Budget,
+) -> Prompt:
     comment = _COMMENT.get(_extension(path))
     if comment is None or not others:
         return Prompt(prefix, PREFIX_ONLY, prefix_tokens=len(prefix))

@@ -75,21 +75,37 @@ class SpecdProtocol(LanguageServerProtocol):
         try:
             data = json.loads(body)
         except (ValueError, UnicodeDecodeError) as e:
-            self.send_error(None, PARSE_ERROR, f"Parse error: the message is not valid JSON ({type(e).__name__})")
+            self.send_error(
+                None,
+                PARSE_ERROR,
+                f"Parse error: the message is not valid JSON ({type(e).__name__})",
+            )
             return
         if not isinstance(data, dict):
-            self.send_error(None, INVALID_REQUEST, f"Invalid Request: expected a JSON object, got {_kind(data)}")
+            self.send_error(
+                None, INVALID_REQUEST, f"Invalid Request: expected a JSON object, got {_kind(data)}"
+            )
             return
         has_id = "id" in data
         msg_id = data.get("id")
-        if has_id and not (msg_id is None or (isinstance(msg_id, (int, str)) and not isinstance(msg_id, bool))):
-            self.send_error(None, INVALID_REQUEST, f"Invalid Request: id must be an integer or a string, got {_kind(msg_id)}")
+        if has_id and not (
+            msg_id is None or (isinstance(msg_id, (int, str)) and not isinstance(msg_id, bool))
+        ):
+            self.send_error(
+                None,
+                INVALID_REQUEST,
+                f"Invalid Request: id must be an integer or a string, got {_kind(msg_id)}",
+            )
             return
         method = data.get("method")
         is_request = has_id and "method" in data
         if data.get("jsonrpc") != "2.0" or ("method" in data and not isinstance(method, str)):
             if is_request:
-                self.send_error(msg_id, INVALID_REQUEST, 'Invalid Request: needs "jsonrpc": "2.0" and a string "method"')
+                self.send_error(
+                    msg_id,
+                    INVALID_REQUEST,
+                    'Invalid Request: needs "jsonrpc": "2.0" and a string "method"',
+                )
             else:
                 log.warning("dropped a malformed message (no valid jsonrpc/method)")
             return
@@ -103,7 +119,9 @@ class SpecdProtocol(LanguageServerProtocol):
             return
         if not self.initialize_seen and method not in (types.INITIALIZE, types.EXIT):
             if is_request:
-                self.send_error(msg_id, SERVER_NOT_INITIALIZED, f"{method}: the server is not initialized yet")
+                self.send_error(
+                    msg_id, SERVER_NOT_INITIALIZED, f"{method}: the server is not initialized yet"
+                )
             return  # notifications before initialize are dropped, as the LSP asks
         if is_request and self._shutdown and method != types.EXIT:
             self.send_error(msg_id, INVALID_REQUEST, f"{method}: the server is shutting down")
@@ -115,23 +133,35 @@ class SpecdProtocol(LanguageServerProtocol):
         except Exception:  # noqa: BLE001 - a handler bug answers an error, never ends the session
             log.exception("failed to handle %s", method or "a response")
             if is_request:
-                self.send_error(msg_id, INTERNAL_ERROR, f"{method}: internal error (see the server log)")
+                self.send_error(
+                    msg_id, INTERNAL_ERROR, f"{method}: internal error (see the server log)"
+                )
 
     def send_error(self, msg_id: Any, code: int, message: str) -> None:
-        self._send_data({"jsonrpc": "2.0", "id": msg_id, "error": {"code": code, "message": message}})
+        self._send_data(
+            {"jsonrpc": "2.0", "id": msg_id, "error": {"code": code, "message": message}}
+        )
 
     def _structure(self, data: dict[str, Any], has_id: bool, method: str | None) -> Any:
-        typed = (TYPED_METHODS.get(method) or self.get_message_type(method)) if method is not None else None
+        typed = (
+            (TYPED_METHODS.get(method) or self.get_message_type(method))
+            if method is not None
+            else None
+        )
         if typed is None and method is not None:
             # Our own methods (specd/...) and unknown ones: params stay plain JSON.
             if has_id:
-                return JsonRPCRequestMessage(id=data["id"], method=method, jsonrpc="2.0", params=data.get("params"))
+                return JsonRPCRequestMessage(
+                    id=data["id"], method=method, jsonrpc="2.0", params=data.get("params")
+                )
             return JsonRPCNotification(method=method, jsonrpc="2.0", params=data.get("params"))
         if typed is not None:
             return self._converter.structure(data, typed)
         if "error" in data:
             return self._converter.structure(data, types.ResponseErrorMessage)
-        return self._converter.structure(data, self._result_types.pop(data["id"], None) or JsonRPCResponseMessage)
+        return self._converter.structure(
+            data, self._result_types.pop(data["id"], None) or JsonRPCResponseMessage
+        )
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -179,7 +209,9 @@ class SafeWriter:
     """The writer pygls sends through; a peer that went away ends the session instead of
     raising into whatever callback was sending."""
 
-    def __init__(self, write: Callable[[bytes], Any], close: Callable[[], Any], on_broken: Callable[[], None]) -> None:
+    def __init__(
+        self, write: Callable[[bytes], Any], close: Callable[[], Any], on_broken: Callable[[], None]
+    ) -> None:
         self._write = write
         self._close = close
         self._on_broken = on_broken
@@ -201,7 +233,13 @@ class SafeWriter:
             pass
 
 
-async def read_messages(reader: Any, protocol: SpecdProtocol, stopped: Callable[[], bool], *, max_bytes: int = MAX_MESSAGE_BYTES) -> None:
+async def read_messages(
+    reader: Any,
+    protocol: SpecdProtocol,
+    stopped: Callable[[], bool],
+    *,
+    max_bytes: int = MAX_MESSAGE_BYTES,
+) -> None:
     """Read framed messages until end of input or ``stopped()``, dispatching each one."""
     while not stopped():
         length, problem = await _read_header(reader)
@@ -214,7 +252,11 @@ async def read_messages(reader: Any, protocol: SpecdProtocol, stopped: Callable[
         if length > max_bytes:
             if not await _discard(reader, length):
                 return
-            protocol.send_error(None, INVALID_REQUEST, f"Invalid Request: a message of {length} bytes exceeds the limit of {max_bytes}")
+            protocol.send_error(
+                None,
+                INVALID_REQUEST,
+                f"Invalid Request: a message of {length} bytes exceeds the limit of {max_bytes}",
+            )
             continue
         try:
             body = await reader.readexactly(length)

@@ -45,7 +45,12 @@ class Job:
 class Worker:
     """The generation thread. ``on_start``/``on_end`` bracket each run (for metrics)."""
 
-    def __init__(self, *, on_start: Callable[[], None] | None = None, on_end: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        on_start: Callable[[], None] | None = None,
+        on_end: Callable[[], None] | None = None,
+    ) -> None:
         self._cond = threading.Condition()
         self._queue: deque[Job] = deque()
         self._running: Job | None = None

@@ -66,7 +66,9 @@ class Service:
         self.engine = engine
         self.metrics = Metrics()
         self.completer = Completer(engine, params, self.metrics)
-        self.worker = Worker(on_start=self.metrics.generation_started, on_end=self.metrics.generation_ended)
+        self.worker = Worker(
+            on_start=self.metrics.generation_started, on_end=self.metrics.generation_ended
+        )
         self.settings = settings or Settings()
         self.settings_messages = list(settings_messages or [])
         #: document text may appear in debug logs (any session's ``log-code`` turns it on)
@@ -102,7 +104,12 @@ class SpecdServer(LanguageServer):
     """
 
     def __init__(self, service: Service, *, on_end: Callable[[], None] | None = None) -> None:
-        super().__init__("specd", __version__, text_document_sync_kind=types.TextDocumentSyncKind.Incremental, protocol_cls=SpecdProtocol)
+        super().__init__(
+            "specd",
+            __version__,
+            text_document_sync_kind=types.TextDocumentSyncKind.Incremental,
+            protocol_cls=SpecdProtocol,
+        )
         self.service = service
         self.session_id = service.new_session_id()
         self.documents = DocumentStore()
@@ -123,7 +130,9 @@ class SpecdServer(LanguageServer):
 
     def start(self, params: types.InitializeParams) -> None:
         self.encoding = convert.position_encoding(params.capabilities)
-        self.root_uri = params.root_uri or (params.workspace_folders[0].uri if params.workspace_folders else None)
+        self.root_uri = params.root_uri or (
+            params.workspace_folders[0].uri if params.workspace_folders else None
+        )
         self.configure(params.initialization_options, source="initializationOptions")
         self.index = self._new_workspace()
 
@@ -137,7 +146,9 @@ class SpecdServer(LanguageServer):
         """Report settings problems to the user (``window/showMessage``), once each."""
         for message in self.messages:
             log.warning("%s", message)
-            self.window_show_message(types.ShowMessageParams(type=types.MessageType.Warning, message=f"specd: {message}"))
+            self.window_show_message(
+                types.ShowMessageParams(type=types.MessageType.Warning, message=f"specd: {message}")
+            )
         self.messages = []
 
     def end_session(self) -> None:
@@ -152,11 +163,20 @@ class SpecdServer(LanguageServer):
         # pygls would show every internal error to the user; the log is the place for
         # them. Request errors were already answered to the client.
         level = logging.DEBUG if source is FeatureRequestError else logging.ERROR
-        log.log(level, "server error (%s): %s", getattr(source, "__name__", source), type(error).__name__)
+        log.log(
+            level,
+            "server error (%s): %s",
+            getattr(source, "__name__", source),
+            type(error).__name__,
+        )
 
     def _new_workspace(self) -> WorkspaceIndex:
         s = self.settings
-        return WorkspaceIndex(self.service.engine.tokenize, max_chars=s.index_max_chars, accepted_history=s.accepted_history)
+        return WorkspaceIndex(
+            self.service.engine.tokenize,
+            max_chars=s.index_max_chars,
+            accepted_history=s.accepted_history,
+        )
 
     # -- documents ----------------------------------------------------------------------------
 
@@ -191,7 +211,9 @@ class SpecdServer(LanguageServer):
 
     # -- completions --------------------------------------------------------------------------
 
-    def request(self, uri: str, position: types.Position, *, partial_token: Any = None) -> CompletionRequest | None:
+    def request(
+        self, uri: str, position: types.Position, *, partial_token: Any = None
+    ) -> CompletionRequest | None:
         """A completion request at an LSP position, or None when the document is not open."""
         doc = self.documents.get(uri)
         if doc is None:
@@ -200,7 +222,9 @@ class SpecdServer(LanguageServer):
         pos = doc.resolve(position.line, position.character, self.encoding)
         if pos.clamped:
             self.service.metrics.count("clamped_positions")
-        cursor = doc.cursor(pos, before_chars=s.prefix_tokens * 8, after_chars=max(s.suffix_tokens * 8, 400))
+        cursor = doc.cursor(
+            pos, before_chars=s.prefix_tokens * 8, after_chars=max(s.suffix_tokens * 8, 400)
+        )
         others = sorted(self.documents.others(uri), key=lambda d: d.language_id != doc.language_id)
         request = CompletionRequest(
             cursor,
@@ -213,7 +237,9 @@ class SpecdServer(LanguageServer):
         )
         if partial_token is not None:
             loop = asyncio.get_running_loop()
-            request.on_lines = lambda text: _call_soon(loop, self._send_partial, partial_token, request, text)
+            request.on_lines = lambda text: _call_soon(
+                loop, self._send_partial, partial_token, request, text
+            )
         return request
 
     async def complete(self, request: CompletionRequest | None) -> CompletionResult:
@@ -254,26 +280,38 @@ class SpecdServer(LanguageServer):
         self._recent[completion_id] = text
         while len(self._recent) > RECENT_COMPLETIONS:
             self._recent.popitem(last=False)
-        return types.Command(title="specd: accepted", command=ACCEPT_COMMAND, arguments=[completion_id])
+        return types.Command(
+            title="specd: accepted", command=ACCEPT_COMMAND, arguments=[completion_id]
+        )
 
     def accepted(self, completion_id: str) -> None:
         text = self._recent.pop(completion_id, None)
         if text:
             self.index.accepted(text)
 
-    def inline_result(self, request: CompletionRequest | None, result: CompletionResult) -> types.InlineCompletionList:
+    def inline_result(
+        self, request: CompletionRequest | None, result: CompletionResult
+    ) -> types.InlineCompletionList:
         if request is None:
             return types.InlineCompletionList(items=[])
-        return convert.inline_list(result.text, request.cursor, self.encoding, self.accept_command(result.text))
+        return convert.inline_list(
+            result.text, request.cursor, self.encoding, self.accept_command(result.text)
+        )
 
-    def completion_result(self, request: CompletionRequest | None, result: CompletionResult, partial_token: Any) -> types.CompletionList:
+    def completion_result(
+        self, request: CompletionRequest | None, result: CompletionResult, partial_token: Any
+    ) -> types.CompletionList:
         """Items for ``textDocument/completion``, marked incomplete so the client asks
         again as the user types. With partial results, the completion goes through
         ``$/progress`` and the response itself is empty, as the protocol asks."""
         items: list[types.CompletionItem] = []
         if request is not None and result.text:
             if partial_token is None:
-                items = [convert.completion_item(result.text, request.cursor, self.encoding, self.accept_command(result.text))]
+                items = [
+                    convert.completion_item(
+                        result.text, request.cursor, self.encoding, self.accept_command(result.text)
+                    )
+                ]
             elif self._partial_sent.get(partial_token) != result.text:
                 self._send_progress(partial_token, request, result.text, rank=1)
         self._partial_sent.pop(partial_token, None)
@@ -288,14 +326,17 @@ class SpecdServer(LanguageServer):
             self._partial_sent.popitem(last=False)
         self._send_progress(token, request, text, rank=0)
 
-    def _send_progress(self, token: Any, request: CompletionRequest, text: str, *, rank: int) -> None:
-        item = convert.completion_item(text, request.cursor, self.encoding, self.accept_command(text), rank=rank)
+    def _send_progress(
+        self, token: Any, request: CompletionRequest, text: str, *, rank: int
+    ) -> None:
+        item = convert.completion_item(
+            text, request.cursor, self.encoding, self.accept_command(text), rank=rank
+        )
         value = [self.protocol._converter.unstructure(item)]
         self.protocol.notify(types.PROGRESS, types.ProgressParams(token=token, value=value))
 
     def _key(self, uri: str) -> str:
         return f"{self.session_id}:{uri}"
-
 
 
 def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
@@ -370,7 +411,9 @@ def did_close(ls: SpecdServer, params: types.DidCloseTextDocumentParams) -> None
 
 
 @feature(types.TEXT_DOCUMENT_INLINE_COMPLETION, types.InlineCompletionOptions())
-async def inline_completion(ls: SpecdServer, params: types.InlineCompletionParams) -> types.InlineCompletionList:
+async def inline_completion(
+    ls: SpecdServer, params: types.InlineCompletionParams
+) -> types.InlineCompletionList:
     """textDocument/inlineCompletion: ghost text at the cursor."""
     request = ls.request(params.text_document.uri, params.position)
     result = await ls.complete(request)
@@ -381,7 +424,9 @@ async def inline_completion(ls: SpecdServer, params: types.InlineCompletionParam
 async def completion(ls: SpecdServer, params: types.CompletionParams) -> types.CompletionList:
     """textDocument/completion: the completion as an item; with a partialResultToken,
     first lines and then the whole stream through ``$/progress``."""
-    request = ls.request(params.text_document.uri, params.position, partial_token=params.partial_result_token)
+    request = ls.request(
+        params.text_document.uri, params.position, partial_token=params.partial_result_token
+    )
     result = await ls.complete(request)
     return ls.completion_result(request, result, params.partial_result_token)
 

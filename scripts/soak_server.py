@@ -37,7 +37,9 @@ TYPED = "abcdefghij xyz_()=:,.0123456789\n    "
 class _Server:
     def __init__(self, command: list[str]) -> None:
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-        self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        self.proc = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+        )
         self.responses: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self.stderr: list[bytes] = []
         self._lock = threading.Lock()
@@ -134,7 +136,11 @@ def soak(
                 return
             wait = deadline - time.monotonic()
             try:
-                msg = server.responses.get(timeout=max(wait, 0.0)) if wait > 0 else server.responses.get_nowait()
+                msg = (
+                    server.responses.get(timeout=max(wait, 0.0))
+                    if wait > 0
+                    else server.responses.get_nowait()
+                )
             except queue.Empty:
                 return
             if msg is None:
@@ -154,7 +160,16 @@ def soak(
             else:
                 answers["result"] += 1
 
-    init = request("initialize", keep=True, params={"processId": os.getpid(), "rootUri": "file:///soak", "capabilities": {}, "initializationOptions": {"max-tokens": 16}})
+    init = request(
+        "initialize",
+        keep=True,
+        params={
+            "processId": os.getpid(),
+            "rootUri": "file:///soak",
+            "capabilities": {},
+            "initializationOptions": {"max-tokens": 16},
+        },
+    )
     drain(init, 600)
     server.send({"jsonrpc": "2.0", "method": "initialized", "params": {}})
     docs = []
@@ -162,7 +177,20 @@ def soak(
         text = f"def function_{i}(a, b):\n    total = a + b\n    return total\n\n"
         doc = _Doc(f"file:///soak/module_{i}.py", text)
         docs.append(doc)
-        server.send({"jsonrpc": "2.0", "method": "textDocument/didOpen", "params": {"textDocument": {"uri": doc.uri, "languageId": "python", "version": 1, "text": doc.text}}})
+        server.send(
+            {
+                "jsonrpc": "2.0",
+                "method": "textDocument/didOpen",
+                "params": {
+                    "textDocument": {
+                        "uri": doc.uri,
+                        "languageId": "python",
+                        "version": 1,
+                        "text": doc.text,
+                    }
+                },
+            }
+        )
 
     doc = docs[0]
     sent = 0
@@ -172,20 +200,62 @@ def soak(
         if rng.random() < 0.1:
             doc = rng.choice(docs)
         if rng.random() < 0.01:  # close and reopen: a storm in slow motion
-            server.send({"jsonrpc": "2.0", "method": "textDocument/didClose", "params": {"textDocument": {"uri": doc.uri}}})
-            server.send({"jsonrpc": "2.0", "method": "textDocument/didOpen", "params": {"textDocument": {"uri": doc.uri, "languageId": "python", "version": doc.version, "text": doc.text}}})
+            server.send(
+                {
+                    "jsonrpc": "2.0",
+                    "method": "textDocument/didClose",
+                    "params": {"textDocument": {"uri": doc.uri}},
+                }
+            )
+            server.send(
+                {
+                    "jsonrpc": "2.0",
+                    "method": "textDocument/didOpen",
+                    "params": {
+                        "textDocument": {
+                            "uri": doc.uri,
+                            "languageId": "python",
+                            "version": doc.version,
+                            "text": doc.text,
+                        }
+                    },
+                }
+            )
         if rng.random() < 0.05:
             doc.jump(rng)
         if len(doc.text) > 8000:  # keep documents editor-sized: start over
             doc.lines, doc.line, doc.col = ["def again():", "    "], 1, 4
             doc.version += 1
-            server.send({"jsonrpc": "2.0", "method": "textDocument/didChange", "params": {"textDocument": {"uri": doc.uri, "version": doc.version}, "contentChanges": [{"text": doc.text}]}})
+            server.send(
+                {
+                    "jsonrpc": "2.0",
+                    "method": "textDocument/didChange",
+                    "params": {
+                        "textDocument": {"uri": doc.uri, "version": doc.version},
+                        "contentChanges": [{"text": doc.text}],
+                    },
+                }
+            )
         change = doc.type_char(rng.choice(TYPED))
-        server.send({"jsonrpc": "2.0", "method": "textDocument/didChange", "params": {"textDocument": {"uri": doc.uri, "version": doc.version}, "contentChanges": [change]}})
-        where = {"textDocument": {"uri": doc.uri}, "position": {"line": doc.line, "character": doc.col}}
+        server.send(
+            {
+                "jsonrpc": "2.0",
+                "method": "textDocument/didChange",
+                "params": {
+                    "textDocument": {"uri": doc.uri, "version": doc.version},
+                    "contentChanges": [change],
+                },
+            }
+        )
+        where = {
+            "textDocument": {"uri": doc.uri},
+            "position": {"line": doc.line, "character": doc.col},
+        }
         roll = rng.random()
         if roll < 0.8:
-            msg_id = request("textDocument/inlineCompletion", {**where, "context": {"triggerKind": 2}})
+            msg_id = request(
+                "textDocument/inlineCompletion", {**where, "context": {"triggerKind": 2}}
+            )
         elif roll < 0.9:
             msg_id = request("textDocument/completion", where)
         else:
@@ -201,7 +271,9 @@ def soak(
         if sent % 200 == 0:
             rss_max = max(rss_max, server.rss())
             if log is not None:
-                log(f"{sent}/{requests} sent, {len(outstanding)} outstanding, rss {server.rss() / 2**20:.0f} MiB")
+                log(
+                    f"{sent}/{requests} sent, {len(outstanding)} outstanding, rss {server.rss() / 2**20:.0f} MiB"
+                )
         if rate > 0:
             time.sleep(max(0.0, 1.0 / rate - (time.monotonic() - t_step)))
 
@@ -247,26 +319,43 @@ def failures(report: dict[str, Any], *, max_growth: float) -> list[str]:
     if report["unanswered"]:
         out.append(f"{report['unanswered']} requests were never answered")
     if report["answered"]["error"]:
-        out.append(f"{report['answered']['error']} requests answered with errors {report['error_codes']}")
+        out.append(
+            f"{report['answered']['error']} requests answered with errors {report['error_codes']}"
+        )
     if report["exit_code"] != 0:
         out.append(f"the server exited with {report['exit_code']}")
     if report["tracebacks"]:
         out.append(f"{report['tracebacks']} tracebacks in the server log")
     if report["rss_growth"] >= max_growth:
-        out.append(f"resident memory grew {report['rss_growth']:.1%} after warm-up (limit {max_growth:.0%})")
+        out.append(
+            f"resident memory grew {report['rss_growth']:.1%} after warm-up (limit {max_growth:.0%})"
+        )
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--requests", type=int, default=10_000)
     p.add_argument("--documents", type=int, default=40)
-    p.add_argument("--rate", type=float, default=30.0, help="requests per second (0: as fast as possible)")
-    p.add_argument("--cancel", type=float, default=0.15, help="share of requests followed by a $/cancelRequest")
-    p.add_argument("--warmup", type=float, default=0.1, help="share of requests before memory is first measured")
+    p.add_argument(
+        "--rate", type=float, default=30.0, help="requests per second (0: as fast as possible)"
+    )
+    p.add_argument(
+        "--cancel", type=float, default=0.15, help="share of requests followed by a $/cancelRequest"
+    )
+    p.add_argument(
+        "--warmup",
+        type=float,
+        default=0.1,
+        help="share of requests before memory is first measured",
+    )
     p.add_argument("--max-rss-growth", type=float, default=0.10)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--real", action="store_true", help="use the default model instead of a tiny random one")
+    p.add_argument(
+        "--real", action="store_true", help="use the default model instead of a tiny random one"
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("server_args", nargs="*", help="extra `specd serve` arguments (after --)")
     args = p.parse_args(argv)

@@ -89,7 +89,11 @@ class NgramIndex:
         for p in self._older.get(key, ()):
             if len(out) >= limit:
                 break
-            if p < len(self.tokens) and tuple(self.tokens[p - n : p]) == key and self.tokens[p] not in firsts:
+            if (
+                p < len(self.tokens)
+                and tuple(self.tokens[p - n : p]) == key
+                and self.tokens[p] not in firsts
+            ):
                 firsts.add(self.tokens[p])
                 out.append(self.tokens[p : p + budget])
         return out

@@ -100,7 +100,9 @@ def registered(kind: str, pm: pluggy.PluginManager | None = None) -> dict[str, P
 
         def register(cls: type, _plugin: str = impl.plugin_name) -> None:
             if not (isinstance(cls, type) and issubclass(cls, base)):
-                _report(f"plugin {_plugin!r} registered {cls!r}, which is not a {base.__name__}; skipped")
+                _report(
+                    f"plugin {_plugin!r} registered {cls!r}, which is not a {base.__name__}; skipped"
+                )
                 return
             name = getattr(cls, "name", "")
             if not name or not isinstance(name, str):

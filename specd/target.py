@@ -117,7 +117,9 @@ class Target:
             raise ValueError(f"exit layer must be in [1, {self.num_layers}], got {layers}")
         if self.fast is not None:
             ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)
-            pos = torch.arange(cache.length, cache.length + len(tokens), device=self.device).unsqueeze(0)
+            pos = torch.arange(
+                cache.length, cache.length + len(tokens), device=self.device
+            ).unsqueeze(0)
             return self.fast.forward(cache, ids, pos, None, layers=layers)[0]
         parts = self._decoder_parts()
         embed, rotary, blocks, norm = parts
@@ -145,7 +147,9 @@ class Target:
 
     def _decoder_parts(self):
         decoder = self.model.get_decoder() if hasattr(self.model, "get_decoder") else None
-        parts = tuple(getattr(decoder, a, None) for a in ("embed_tokens", "rotary_emb", "layers", "norm"))
+        parts = tuple(
+            getattr(decoder, a, None) for a in ("embed_tokens", "rotary_emb", "layers", "norm")
+        )
         if decoder is None or any(p is None for p in parts):
             raise NotImplementedError(
                 f"{type(self.model).__name__} does not expose embed_tokens/rotary_emb/layers/norm; "

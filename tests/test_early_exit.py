@@ -49,7 +49,10 @@ def test_bad_layer_falls_back_with_a_reason():
     engine = Engine(TARGET, drafter_options={"early_exit": {"layer": 99}})
     out = engine.generate([1, 2, 3], SamplingParams(max_tokens=4), drafter="early_exit")
     assert "early_exit" in out.stats.fallback
-    assert out.token_ids == engine.generate([1, 2, 3], SamplingParams(max_tokens=4), drafter="none").token_ids
+    assert (
+        out.token_ids
+        == engine.generate([1, 2, 3], SamplingParams(max_tokens=4), drafter="none").token_ids
+    )
 
 
 @pytest.mark.slow

@@ -68,7 +68,9 @@ def test_fast_forward_equals_the_model_forward(arch, prompt, fed, rnd, tree):
 def test_unsupported_models_use_their_own_forward():
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=128)).eval()
+    model = GPT2LMHeadModel(
+        GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=128)
+    ).eval()
     target = Target(model, CharTokenizer(VOCAB))
     assert target.fast is None
     cache = target.new_cache()

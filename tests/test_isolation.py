@@ -25,7 +25,9 @@ def _garbage_drafts():
         "negative-id": lambda ctx, budget: Draft.chain([-1]),
         "over-budget": lambda ctx, budget: Draft.chain([1] * (budget + 3)),
         "bad-parents": lambda ctx, budget: Draft(tokens=[1, 2], parents=[1, -1]),
-        "wrong-q-shape": lambda ctx, budget: Draft.chain([1], q=torch.ones(1, VOCAB + 1) / (VOCAB + 1)),
+        "wrong-q-shape": lambda ctx, budget: Draft.chain(
+            [1], q=torch.ones(1, VOCAB + 1) / (VOCAB + 1)
+        ),
         "nan-q": lambda ctx, budget: Draft.chain([1], q=torch.full((1, VOCAB), math.nan)),
         "not-a-draft": lambda ctx, budget: "hello",
         "float-token": lambda ctx, budget: Draft(tokens=[1.5], parents=[-1]),
@@ -33,7 +35,11 @@ def _garbage_drafts():
 
 
 def _make_drafter(name, fn):
-    return type(f"D_{name}", (Drafter,), {"name": f"bad-{name}", "propose": lambda self, ctx, budget: fn(ctx, budget)})
+    return type(
+        f"D_{name}",
+        (Drafter,),
+        {"name": f"bad-{name}", "propose": lambda self, ctx, budget: fn(ctx, budget)},
+    )
 
 
 class SlowDrafter(Drafter):
@@ -97,7 +103,12 @@ class RaisingPolicy(ExitPolicy):
         raise KeyError("no budget")
 
 
-DRAFTERS = [_make_drafter(k, v) for k, v in _garbage_drafts().items()] + [SlowDrafter, RaisesInStart, RaisesInCommit, CopyLast]
+DRAFTERS = [_make_drafter(k, v) for k, v in _garbage_drafts().items()] + [
+    SlowDrafter,
+    RaisesInStart,
+    RaisesInCommit,
+    CopyLast,
+]
 
 
 class Plugin:

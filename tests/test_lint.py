@@ -10,12 +10,19 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
 
 
 def test_ruff():
     r = run("ruff", "check", "specd", "plugins", "lsp", "tests", "scripts")
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_ruff_format():
+    r = run("ruff", "format", "--check", ".")
+    assert r.returncode == 0, "run `ruff format` and commit:\n" + r.stdout + r.stderr
 
 
 def test_mypy():

@@ -56,7 +56,10 @@ def test_remote_code_does_not_run_unless_asked(tmp_path):
             {
                 "model_type": "evil",
                 "architectures": ["EvilForCausalLM"],
-                "auto_map": {"AutoConfig": "evil.EvilConfig", "AutoModelForCausalLM": "evil.EvilForCausalLM"},
+                "auto_map": {
+                    "AutoConfig": "evil.EvilConfig",
+                    "AutoModelForCausalLM": "evil.EvilForCausalLM",
+                },
             }
         )
     )

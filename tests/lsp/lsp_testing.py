@@ -69,7 +69,15 @@ class RawClient:
         return self.response(self.request(method, params), timeout)
 
     def initialize(self, options: Any = None) -> dict[str, Any]:
-        result = self.call("initialize", {"processId": None, "rootUri": "file:///w", "capabilities": {}, "initializationOptions": options})
+        result = self.call(
+            "initialize",
+            {
+                "processId": None,
+                "rootUri": "file:///w",
+                "capabilities": {},
+                "initializationOptions": options,
+            },
+        )
         self.notify("initialized", {})
         return result
 

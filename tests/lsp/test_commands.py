@@ -39,7 +39,11 @@ def test_complete_in_process_prints_json(source, capsys):
 
 @pytest.mark.parametrize(
     ("line", "col", "message"),
-    [(0, 1, "--line 0: "), (9, 1, "has lines 1 to 4"), (4, 99, "--col 99: line 4 has columns 1 to 17")],
+    [
+        (0, 1, "--line 0: "),
+        (9, 1, "has lines 1 to 4"),
+        (4, 99, "--col 99: line 4 has columns 1 to 17"),
+    ],
 )
 def test_complete_positions_outside_the_file_exit_2(source, capsys, line, col, message):
     code, _, err = _complete(capsys, source, "--line", line, "--col", col)
@@ -61,7 +65,17 @@ def test_serve_refuses_a_non_loopback_address(capsys):
 
 def test_daemon_serves_complete_and_stats_over_tcp(source, capsys):
     daemon = subprocess.Popen(
-        [sys.executable, "-m", "specd.cli", "serve", "--tcp", "127.0.0.1:0", "--tiny-model", "--max-tokens", "8"],
+        [
+            sys.executable,
+            "-m",
+            "specd.cli",
+            "serve",
+            "--tcp",
+            "127.0.0.1:0",
+            "--tiny-model",
+            "--max-tokens",
+            "8",
+        ],
         stderr=subprocess.PIPE,
         text=True,
         env=SERVER_ENV,
@@ -76,10 +90,16 @@ def test_daemon_serves_complete_and_stats_over_tcp(source, capsys):
             raise AssertionError("the daemon did not start")
         local = _complete(capsys, source, "--line", 4, "--col", 17, "--json")
         remote = _complete(capsys, source, "--line", 4, "--col", 17, "--json", "--server", address)
-        again = _complete(capsys, source, "--line", 4, "--col", 17, "--json", "--server", address)  # a second session
+        again = _complete(
+            capsys, source, "--line", 4, "--col", 17, "--json", "--server", address
+        )  # a second session
         assert local[0] == remote[0] == again[0] == 0
         # the same pipeline: greedy decoding gives the same completion here and there
-        assert json.loads(remote[1])["text"] == json.loads(local[1])["text"] == json.loads(again[1])["text"]
+        assert (
+            json.loads(remote[1])["text"]
+            == json.loads(local[1])["text"]
+            == json.loads(again[1])["text"]
+        )
         assert main(["stats", "--server", address, "--json"]) == 0
         report = json.loads(capsys.readouterr().out)
         assert report["requests"] == 2 and report["completed"] == 2

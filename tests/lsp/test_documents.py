@@ -91,7 +91,13 @@ _chars = st.sampled_from(list("ab \t\n\r") + ["😀", "é", "\ud800"])
 @given(
     st.text(_chars, max_size=30),
     st.lists(
-        st.tuples(st.integers(0, 6), st.integers(0, 8), st.integers(0, 6), st.integers(0, 8), st.text(_chars, max_size=6)),
+        st.tuples(
+            st.integers(0, 6),
+            st.integers(0, 8),
+            st.integers(0, 6),
+            st.integers(0, 8),
+            st.text(_chars, max_size=6),
+        ),
         max_size=8,
     ),
     st.sampled_from([UTF16, UTF8, UTF32]),

@@ -105,7 +105,16 @@ def test_lone_surrogates_are_scrubbed_before_tokenizing():
 
 def test_metrics_aggregate_acceptance_and_latency():
     m = Metrics()
-    s = Stats(prompt_tokens=10, new_tokens=7, target_steps=4, drafted=6, accepted=3, reused_tokens=8, ttft_s=0.1, total_s=0.7)
+    s = Stats(
+        prompt_tokens=10,
+        new_tokens=7,
+        target_steps=4,
+        drafted=6,
+        accepted=3,
+        reused_tokens=8,
+        ttft_s=0.1,
+        total_s=0.7,
+    )
     s.position_drafted, s.position_accepted = [3, 2, 1], [2, 1, 0]
     m.record(s, text="x")
     snap = m.snapshot()
@@ -161,7 +170,9 @@ def test_a_newer_job_supersedes_queued_and_running_ones():
         time.sleep(0.001)
     worker.stop()
     assert a.cancelled and a.reason == "superseded"
-    assert b.reason == "superseded" and log.count(("start", "doc")) == 2 and ("start", "other") in log
+    assert (
+        b.reason == "superseded" and log.count(("start", "doc")) == 2 and ("start", "other") in log
+    )
     assert ("doc", None, "superseded") in done  # b, settled without running
     assert running.max_running == 1
 
@@ -200,7 +211,10 @@ def _request(doc: Document, line: int, col: int, **kw) -> CompletionRequest:
 
 
 def test_a_one_character_edit_reuses_all_but_the_new_token(completer):
-    doc = Document("file:///w/main.py", "def total(values):\n    result = 0\n    for v in values:\n        result = ")
+    doc = Document(
+        "file:///w/main.py",
+        "def total(values):\n    result = 0\n    for v in values:\n        result = ",
+    )
     first = completer.complete(_request(doc, 3, 17))
     assert first.text and first.stats.new_tokens
     doc.apply_change("r", doc.resolve(3, 17), doc.resolve(3, 17))
@@ -217,7 +231,9 @@ def test_workspace_drafting_and_context_from_other_documents(completer):
     req = _request(doc, 1, 4, others=[other], workspace=ws)
     prompt = completer.build_prompt(req)
     text = completer.engine.tokenizer.decode(prompt.ids)
-    assert text.startswith("# helpers.py") and text.endswith("# main.py" + "import helpers" + "x = ")  # CharTokenizer drops \n
+    assert text.startswith("# helpers.py") and text.endswith(
+        "# main.py" + "import helpers" + "x = "
+    )  # CharTokenizer drops \n
     result = completer.complete(req)
     assert ws.reindexed == 2 and result.finish_reason
 
@@ -237,7 +253,9 @@ def test_cancel_before_and_during(completer):
 
 def test_time_budget_ends_a_request(completer):
     doc = Document("file:///w/main.py", "x = ")
-    result = completer.complete(_request(doc, 0, 4, settings=Settings(max_tokens=50_000, time_budget_ms=200)))
+    result = completer.complete(
+        _request(doc, 0, 4, settings=Settings(max_tokens=50_000, time_budget_ms=200))
+    )
     assert result.finish_reason == "time" and result.stats.new_tokens < 50_000
 
 

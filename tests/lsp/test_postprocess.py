@@ -12,7 +12,11 @@ def _shape(text: str, mode: str = "auto", max_lines: int = 8):
     doc = Document("u", text[:i] + text[i + 1 :])
     line = text[:i].count("\n")
     col = len(text[:i].rsplit("\n", 1)[-1])
-    return shape_for(doc.cursor(doc.resolve(line, col), before_chars=10_000, after_chars=10_000), mode=mode, max_lines=max_lines)
+    return shape_for(
+        doc.cursor(doc.resolve(line, col), before_chars=10_000, after_chars=10_000),
+        mode=mode,
+        max_lines=max_lines,
+    )
 
 
 def test_mid_line_is_a_single_line_without_the_text_after_the_cursor():
@@ -54,7 +58,9 @@ def test_blank_line_blocks_end_at_a_new_paragraph_or_an_outer_dedent():
 
 def test_max_lines_and_trimming():
     shape = _shape("def f():|", max_lines=3)
-    assert finish("\n    a = 1   \n    b = 2\n    c = 3\n    d = 4", shape) == "\n    a = 1\n    b = 2"
+    assert (
+        finish("\n    a = 1   \n    b = 2\n    c = 3\n    d = 4", shape) == "\n    a = 1\n    b = 2"
+    )
     assert finish("   \n  \n", _shape("x = |")) == ""
 
 

@@ -33,7 +33,9 @@ def _vocab(*specials):
 def _cursor(text="def f():\n    ret", after="\nprint(f())\n"):
     doc = Document("file:///w/a.py", text + after)
     lines = text.split("\n")
-    return doc.cursor(doc.resolve(len(lines) - 1, len(lines[-1])), before_chars=10_000, after_chars=10_000)
+    return doc.cursor(
+        doc.resolve(len(lines) - 1, len(lines[-1])), before_chars=10_000, after_chars=10_000
+    )
 
 
 def _render(ids, tok):
@@ -55,21 +57,40 @@ def test_default_model_tokenizer_is_prefix_only():
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(path)
-    assert choose_template(Vocabulary(lambda s: tok(s, add_special_tokens=False)["input_ids"], tok)) is None
+    assert (
+        choose_template(Vocabulary(lambda s: tok(s, add_special_tokens=False)["input_ids"], tok))
+        is None
+    )
 
 
 @pytest.mark.parametrize(
     ("name", "specials", "expected"),
     [
-        ("starcoder", ("<fim_prefix>", "<fim_suffix>", "<fim_middle>", "<|endoftext|>"),
-         "<fim_prefix>def f():\n    ret<fim_suffix>\nprint(f())\n<fim_middle>"),
-        ("qwen", ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|endoftext|>"),
-         "<|fim_prefix|>def f():\n    ret<|fim_suffix|>\nprint(f())\n<|fim_middle|>"),
-        ("codellama", ("▁<PRE>", "▁<SUF>", "▁<MID>", "▁<EOT>"),
-         "<s>▁<PRE>def f():\n    ret▁<SUF>\nprint(f())\n▁<MID>"),
-        ("deepseek", ("<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"),
-         "<s><｜fim▁begin｜>def f():\n    ret<｜fim▁hole｜>\nprint(f())\n<｜fim▁end｜>"),
-        ("codestral", ("[PREFIX]", "[SUFFIX]"), "<s>[SUFFIX]\nprint(f())\n[PREFIX]def f():\n    ret"),
+        (
+            "starcoder",
+            ("<fim_prefix>", "<fim_suffix>", "<fim_middle>", "<|endoftext|>"),
+            "<fim_prefix>def f():\n    ret<fim_suffix>\nprint(f())\n<fim_middle>",
+        ),
+        (
+            "qwen",
+            ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|endoftext|>"),
+            "<|fim_prefix|>def f():\n    ret<|fim_suffix|>\nprint(f())\n<|fim_middle|>",
+        ),
+        (
+            "codellama",
+            ("▁<PRE>", "▁<SUF>", "▁<MID>", "▁<EOT>"),
+            "<s>▁<PRE>def f():\n    ret▁<SUF>\nprint(f())\n▁<MID>",
+        ),
+        (
+            "deepseek",
+            ("<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"),
+            "<s><｜fim▁begin｜>def f():\n    ret<｜fim▁hole｜>\nprint(f())\n<｜fim▁end｜>",
+        ),
+        (
+            "codestral",
+            ("[PREFIX]", "[SUFFIX]"),
+            "<s>[SUFFIX]\nprint(f())\n[PREFIX]def f():\n    ret",
+        ),
     ],
 )
 def test_fim_templates(name, specials, expected):
@@ -90,7 +111,9 @@ def test_setting_picks_or_disables_a_template():
 
 
 def test_qwen_repo_level_prompt_with_file_separators():
-    vocab, tok = _vocab("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|file_sep|>", "<|repo_name|>")
+    vocab, tok = _vocab(
+        "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|file_sep|>", "<|repo_name|>"
+    )
     others = [ContextDocument("lib/util.py", [ord(c) for c in "def helper(): pass"])]
     p = build(choose_template(vocab), vocab, _cursor(), path="a.py", others=others)
     assert _render(p.ids, tok) == (

@@ -27,7 +27,11 @@ OPTIONS = {"max-tokens": 24, "time-budget-ms": 60_000, "max-lines": "many"}
 def _client() -> LanguageClient:
     """pytest-lsp's client, but keeping partial results (lists) sent through $/progress,
     which its default handler only knows as work-done reports."""
-    client = LanguageClient(converter_factory=__import__("pygls.protocol", fromlist=["default_converter"]).default_converter)
+    client = LanguageClient(
+        converter_factory=__import__(
+            "pygls.protocol", fromlist=["default_converter"]
+        ).default_converter
+    )
 
     def progress(client: LanguageClient, params: types.ProgressParams):
         client.progress_reports.setdefault(params.token, []).append(params.value)
@@ -37,7 +41,9 @@ def _client() -> LanguageClient:
 
 
 @pytest_lsp.fixture(
-    config=ClientServerConfig(server_command=[*SERVER, "--drafter", "none"], server_env=SERVER_ENV, client_factory=_client),
+    config=ClientServerConfig(
+        server_command=[*SERVER, "--drafter", "none"], server_env=SERVER_ENV, client_factory=_client
+    ),
     scope="module",
 )
 async def client(lsp_client: LanguageClient):
@@ -49,7 +55,9 @@ async def client(lsp_client: LanguageClient):
         )
     )
     lsp_client.text_document_did_open(
-        types.DidOpenTextDocumentParams(types.TextDocumentItem(URI, "python", 1, "def add(a, b):\n    return a + b\n\nx = "))
+        types.DidOpenTextDocumentParams(
+            types.TextDocumentItem(URI, "python", 1, "def add(a, b):\n    return a + b\n\nx = ")
+        )
     )
     yield
     await lsp_client.shutdown_session()
@@ -57,7 +65,9 @@ async def client(lsp_client: LanguageClient):
 
 def _inline(uri: str = URI, line: int = 3, character: int = 4) -> types.InlineCompletionParams:
     return types.InlineCompletionParams(
-        context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Automatic),
+        context=types.InlineCompletionContext(
+            trigger_kind=types.InlineCompletionTriggerKind.Automatic
+        ),
         text_document=types.TextDocumentIdentifier(uri),
         position=types.Position(line, character),
     )
@@ -77,7 +87,9 @@ async def _stats(client: LanguageClient) -> dict:
 
 
 async def _configure(client: LanguageClient, **settings) -> None:
-    client.workspace_did_change_configuration(types.DidChangeConfigurationParams(settings={"specd": settings}))
+    client.workspace_did_change_configuration(
+        types.DidChangeConfigurationParams(settings={"specd": settings})
+    )
     await _stats(client)  # a round trip: the notification has been handled
 
 
@@ -103,17 +115,28 @@ async def test_inline_completion_arrives(client: LanguageClient):
     assert item.insert_text and item.range.start == types.Position(3, 4)
     assert item.command is not None and item.command.command == "specd.accepted"
     # accepting reports back and is answered
-    await client.workspace_execute_command_async(types.ExecuteCommandParams(item.command.command, item.command.arguments))
+    await client.workspace_execute_command_async(
+        types.ExecuteCommandParams(item.command.command, item.command.arguments)
+    )
 
 
 async def test_incremental_edits_then_completion(client: LanguageClient):
     client.text_document_did_change(
         types.DidChangeTextDocumentParams(
             types.VersionedTextDocumentIdentifier(version=2, uri=URI),
-            [types.TextDocumentContentChangePartial(range=types.Range(types.Position(3, 4), types.Position(3, 4)), text="add(1, ")],
+            [
+                types.TextDocumentContentChangePartial(
+                    range=types.Range(types.Position(3, 4), types.Position(3, 4)), text="add(1, "
+                )
+            ],
         )
     )
-    result = _plain(await client.protocol.send_request_async("specd/complete", {"textDocument": {"uri": URI}, "position": {"line": 3, "character": 11}}))
+    result = _plain(
+        await client.protocol.send_request_async(
+            "specd/complete",
+            {"textDocument": {"uri": URI}, "position": {"line": 3, "character": 11}},
+        )
+    )
     assert result["finish_reason"] in ("length", "complete", "stop")
     assert result["stats"]["prompt_tokens"] > 0 and result["token_ids"]
 
@@ -121,9 +144,13 @@ async def test_incremental_edits_then_completion(client: LanguageClient):
 async def test_partial_results_arrive_through_progress(client: LanguageClient):
     token = "partial-1"
     result = await client.text_document_completion_async(
-        types.CompletionParams(types.TextDocumentIdentifier(URI), types.Position(3, 11), partial_result_token=token)
+        types.CompletionParams(
+            types.TextDocumentIdentifier(URI), types.Position(3, 11), partial_result_token=token
+        )
     )
-    assert not result.items and result.is_incomplete  # with partial results the response carries none
+    assert (
+        not result.items and result.is_incomplete
+    )  # with partial results the response carries none
     reports = client.progress_reports.get(token)
     assert reports, "no $/progress with partial results"
     item = reports[-1][0]
@@ -132,7 +159,9 @@ async def test_partial_results_arrive_through_progress(client: LanguageClient):
 
 
 async def test_completion_without_partial_results_returns_the_item(client: LanguageClient):
-    result = await client.text_document_completion_async(types.CompletionParams(types.TextDocumentIdentifier(URI), types.Position(3, 11)))
+    result = await client.text_document_completion_async(
+        types.CompletionParams(types.TextDocumentIdentifier(URI), types.Position(3, 11))
+    )
     assert result.is_incomplete  # the client asks again as the user types
     assert len(result.items) == 1 and result.items[0].text_edit.new_text
 
@@ -149,7 +178,11 @@ async def test_cancel_request_answers_request_cancelled(client: LanguageClient):
     await _configure(client, **{"max-tokens": 4000})
     try:
         before = await _stats(client)
-        future = asyncio.ensure_future(client.protocol.send_request_async(types.TEXT_DOCUMENT_INLINE_COMPLETION, _inline(), msg_id="long-1"))
+        future = asyncio.ensure_future(
+            client.protocol.send_request_async(
+                types.TEXT_DOCUMENT_INLINE_COMPLETION, _inline(), msg_id="long-1"
+            )
+        )
         await _wait_running(client)
         t0 = time.monotonic()
         client.cancel_request(types.CancelParams(id="long-1"))
@@ -171,7 +204,11 @@ async def test_cancel_request_answers_request_cancelled(client: LanguageClient):
 async def test_a_newer_request_for_the_document_cancels_the_older(client: LanguageClient):
     await _configure(client, **{"max-tokens": 4000})
     try:
-        old = asyncio.ensure_future(client.protocol.send_request_async(types.TEXT_DOCUMENT_INLINE_COMPLETION, _inline(), msg_id="old-1"))
+        old = asyncio.ensure_future(
+            client.protocol.send_request_async(
+                types.TEXT_DOCUMENT_INLINE_COMPLETION, _inline(), msg_id="old-1"
+            )
+        )
         await _wait_running(client)
         await _configure(client, **{"max-tokens": 8})
         new = asyncio.ensure_future(client.text_document_inline_completion_async(_inline()))
@@ -184,23 +221,40 @@ async def test_a_newer_request_for_the_document_cancels_the_older(client: Langua
 
 async def test_burst_of_50_keystrokes_runs_one_generation_at_a_time(client: LanguageClient):
     uri = "file:///w/burst.py"
-    client.text_document_did_open(types.DidOpenTextDocumentParams(types.TextDocumentItem(uri, "python", 1, "def f():\n    ")))
+    client.text_document_did_open(
+        types.DidOpenTextDocumentParams(types.TextDocumentItem(uri, "python", 1, "def f():\n    "))
+    )
     before = await _stats(client)
     futures = []
     for i in range(50):
         client.text_document_did_change(
             types.DidChangeTextDocumentParams(
                 types.VersionedTextDocumentIdentifier(version=i + 2, uri=uri),
-                [types.TextDocumentContentChangePartial(range=types.Range(types.Position(1, 4 + i), types.Position(1, 4 + i)), text="x")],
+                [
+                    types.TextDocumentContentChangePartial(
+                        range=types.Range(types.Position(1, 4 + i), types.Position(1, 4 + i)),
+                        text="x",
+                    )
+                ],
             )
         )
-        futures.append(asyncio.ensure_future(client.text_document_inline_completion_async(_inline(uri, 1, 5 + i))))
+        futures.append(
+            asyncio.ensure_future(
+                client.text_document_inline_completion_async(_inline(uri, 1, 5 + i))
+            )
+        )
         await asyncio.sleep(0)  # let it go out before the next keystroke
     results = await asyncio.gather(*futures, return_exceptions=True)
     after = await _stats(client)
-    unexpected = [r for r in results if isinstance(r, BaseException) and not isinstance(r, JsonRpcRequestCancelled)]
+    unexpected = [
+        r
+        for r in results
+        if isinstance(r, BaseException) and not isinstance(r, JsonRpcRequestCancelled)
+    ]
     assert not unexpected
-    assert not isinstance(results[-1], BaseException) and len(results[-1].items) == 1  # the newest is answered
+    assert (
+        not isinstance(results[-1], BaseException) and len(results[-1].items) == 1
+    )  # the newest is answered
     cancelled = sum(isinstance(r, JsonRpcRequestCancelled) for r in results)
     assert cancelled >= 25  # keystrokes made the earlier requests stale
     assert after["generations"]["max_running"] == 1

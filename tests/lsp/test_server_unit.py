@@ -15,6 +15,7 @@ from specd.testing import tiny_target
 def test_a_failing_completion_is_logged_once_and_answers_empty(caplog):
     service = Service(Engine(tiny_target()))
     try:
+
         def broken(request):
             raise RuntimeError("drafting index exploded")
 
