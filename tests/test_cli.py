@@ -88,3 +88,19 @@ def test_help_for_every_command():
     for cmd in ["generate", "plugins", "verify", "bench", "serve", "complete", "stats"]:
         r = specd(cmd, "--help")
         assert r.returncode == 0 and "usage" in r.stdout
+
+
+def test_the_tiny_model_is_a_model_name(capsys):
+    """``--model tiny:SEED`` loads a tiny random target through the one loader (seed 0
+    when none is given), in every command that takes --model."""
+    from specd.cli import main
+    from specd.models import load_target
+
+    for model in ("tiny", "tiny:0", "tiny:3"):
+        assert main(["generate", "abc", "--model", model, "--max-tokens", "4", "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["stats"]["new_tokens"] == len(out["token_ids"]) == 4
+    weights = [load_target(m).model.lm_head.weight for m in ("tiny", "tiny:0", "tiny:3")]
+    assert weights[0].equal(weights[1]) and not weights[0].equal(weights[2])
+    assert main(["generate", "abc", "--model", "tiny:x"]) == 2
+    assert "tiny:SEED" in capsys.readouterr().err

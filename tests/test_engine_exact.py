@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from specd import Draft, Drafter, Engine, SamplingParams, hookimpl
 from specd.registry import get_plugin_manager
-from specd.testing import tiny_target
+from specd.tiny import tiny_target
 
 VOCAB = 48
 

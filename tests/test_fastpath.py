@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from specd import fastpath
 from specd.target import Target
-from specd.testing import CharTokenizer, tiny_model
+from specd.tiny import CharTokenizer, tiny_model
 
 VOCAB = 50
 

@@ -13,7 +13,7 @@ import torch
 
 from specd import Draft, Drafter, Engine, ExitPolicy, SamplingParams, Verdict, Verifier, hookimpl
 from specd.registry import get_plugin_manager
-from specd.testing import tiny_target
+from specd.tiny import tiny_target
 
 VOCAB = 40
 

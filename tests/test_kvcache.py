@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from specd.prefix_cache import PrefixCache
-from specd.testing import tiny_target
+from specd.tiny import tiny_target
 
 VOCAB = 40
 TARGET = tiny_target(VOCAB, seed=5, num_layers=2)

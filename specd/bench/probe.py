@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass
 
 #: Environment for the probe process: the same offline, quiet settings as the CLI.
 PROBE_ENV = {
@@ -27,30 +26,22 @@ PROBE_ENV = {
 
 @dataclass
 class TargetSpec:
-    """How to load the target: a model (as ``--model`` takes it) or, for tests, a factory
-    ``"module:function"`` returning a :class:`specd.Target`."""
+    """How to load the target, as the ``--model`` options say (``tiny`` in tests)."""
 
     model: str | None = None
     dtype: str | None = None
     device: str | None = None
     trust_remote_code: bool = False
-    factory: str | None = None
-    factory_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def load(self):
-        if self.factory:
-            import importlib
+        from ..models import load_target
 
-            module, _, fn = self.factory.partition(":")
-            return getattr(importlib.import_module(module), fn)(**self.factory_kwargs)
-        from .. import models
-        from ..target import Target
-
-        name = self.model or models.DEFAULT_MODEL
-        lm, tok = models.load(
-            name, dtype=self.dtype, device=self.device, trust_remote_code=self.trust_remote_code
+        return load_target(
+            self.model,
+            dtype=self.dtype,
+            device=self.device,
+            trust_remote_code=self.trust_remote_code,
         )
-        return Target(lm, tok, name=name)
 
     def load_draft(self, draft_model: str, target):
         """The draft model for ``hf-assisted``: ``target`` (the served model itself),
@@ -59,7 +50,7 @@ class TargetSpec:
         if draft_model == "target":
             return target.model
         if draft_model.startswith("tiny:"):
-            from ..testing import tiny_model
+            from ..tiny import tiny_model
 
             lm = tiny_model(
                 target.vocab_size, num_layers=1, seed=int(draft_model.removeprefix("tiny:"))

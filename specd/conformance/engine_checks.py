@@ -20,7 +20,7 @@ import torch
 from ..engine import NO_DRAFTER, Engine
 from ..sampling import SamplingParams, warp
 from ..target import Target
-from ..testing import tiny_target
+from ..tiny import tiny_target
 from .gtest import ALPHA, g_test
 from .results import Result
 
@@ -39,7 +39,7 @@ TARGET_LOGIT_SCALE = 8.0
 
 
 def conformance_target() -> Target:
-    """The tiny target every engine check uses: :func:`specd.testing.tiny_model` with seed 0
+    """The tiny target every engine check uses: :func:`specd.tiny.tiny_model` with seed 0
     in float64, its output layer scaled so its distributions are peaked like a trained
     model's. ``tiny:0`` (the same weights, unscaled) is a flatter draft model of it."""
     return tiny_target(VOCAB, seed=0, logit_scale=TARGET_LOGIT_SCALE)

@@ -7,7 +7,7 @@ import pytest
 from specd.bench import configs, harness, workloads
 from specd.bench.probe import TargetSpec
 
-TINY = TargetSpec(factory="specd.testing:tiny_target", factory_kwargs={"logit_scale": 8.0})
+TINY = TargetSpec(model="tiny")
 CONFIGS = [
     "hf-plain",
     "hf-prompt-lookup",

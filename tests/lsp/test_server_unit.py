@@ -9,7 +9,7 @@ from lsprotocol import types
 from specd.lsp.server import Service, SpecdServer
 
 from specd import Engine
-from specd.testing import tiny_target
+from specd.tiny import tiny_target
 
 
 def test_a_failing_completion_is_logged_once_and_answers_empty(caplog):

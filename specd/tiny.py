@@ -1,4 +1,7 @@
-"""Tiny random models for tests and for ``specd verify``: exact, fast, nothing downloaded."""
+"""Tiny random models: ``--model tiny[:SEED]``, the targets of ``specd verify``, and the
+``tiny:SEED`` draft models. Exact (float64), fast, and nothing to download; a tiny model's
+text is random characters.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +10,15 @@ from typing import Any
 
 import torch
 
+from .errors import BadInputError
 from .target import Target
+
+#: The model name :func:`specd.models.load_target` reads as a tiny target: ``tiny`` or
+#: ``tiny:SEED``.
+NAME = "tiny"
+#: Output-layer scale of a ``--model tiny`` target: peaky distributions, like a trained
+#: model's, so drafts are sometimes accepted.
+LOGIT_SCALE = 8.0
 
 
 class CharTokenizer:
@@ -77,3 +88,23 @@ def tiny_target(vocab_size: int = 96, *, eos_token_id: int | None = None, **kwar
     """A :class:`Target` around :func:`tiny_model` with a :class:`CharTokenizer`."""
     model = tiny_model(vocab_size, **kwargs)
     return Target(model, CharTokenizer(vocab_size, eos_token_id=eos_token_id), name="tiny")
+
+
+def is_tiny(model: str) -> bool:
+    """Whether ``model`` names a tiny target (``tiny`` or ``tiny:SEED``)."""
+    return model == NAME or model.startswith(NAME + ":")
+
+
+def load_tiny(model: str, *, dtype: torch.dtype | None = None, device: str | None = None) -> Target:
+    """What ``--model tiny[:SEED]`` loads: :func:`tiny_target` with the given seed (0 when
+    none), its output scaled by :data:`LOGIT_SCALE`, in float64 unless ``dtype`` says
+    otherwise."""
+    _, _, seed_text = model.partition(":")
+    try:
+        seed = int(seed_text) if seed_text else 0
+    except ValueError:
+        raise BadInputError(
+            f"model {model!r}: expected tiny or tiny:SEED with an integer seed"
+        ) from None
+    lm = tiny_model(seed=seed, logit_scale=LOGIT_SCALE, dtype=dtype or torch.float64)
+    return Target(lm.to(device or "cpu"), CharTokenizer(lm.config.vocab_size), name=model)
