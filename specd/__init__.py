@@ -2,7 +2,7 @@
 
 from .api import DraftContext, Drafter, ExitPolicy, Verifier
 from .draft import Draft, Verdict
-from .engine import Completion, Delta, Engine, Generation
+from .engine import Engine
 from .errors import (
     BadInputError,
     Cancelled,
@@ -11,6 +11,7 @@ from .errors import (
     SpecdError,
     UnknownPluginError,
 )
+from .generation import Completion, Delta, Generation
 from .hookspecs import hookimpl
 from .ngram_index import CorpusIndex, NgramIndex
 from .sampling import SamplingParams, sample, warp

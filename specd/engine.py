@@ -1,102 +1,49 @@
-"""The decode loop: prefill -> [draft -> verify -> commit] * -> stream.
+"""The decode loop: prefill -> [draft -> verify -> commit -> emit]*.
 
 Plain decoding is the same loop with no drafter: every step feeds only the pending token.
 The cache holds every committed token but the last one (the *pending* token), so each
 target step feeds ``[pending, draft...]`` and gets the target's distribution at the root
 and after every draft node in one forward pass.
+
+Each step is one named method or call: :meth:`Engine.prefill`, ``Speculation.draft``
+(:mod:`specd.speculation` serves the plugins, every call guarded), :meth:`Engine.verify`,
+:meth:`Engine.commit` and ``Emitter.emit`` (:mod:`specd.generation`: EOS, ``max_tokens``,
+stop strings, text).
 """
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from . import registry
-from .api import DraftContext, Drafter, ExitPolicy, Verifier
+from .api import DraftContext
 from .draft import Draft, Verdict
-from .errors import BadInputError, PluginError
-from .isolation import PluginFailed, PluginGuard
+from .errors import BadInputError
+from .generation import Completion, Delta, Emitter, Generation
+from .isolation import PluginGuard
+from .kvcache import KVCache
 from .ngram_index import Corpus
 from .prefix_cache import PrefixCache
 from .sampling import SamplingParams, make_generator, sample, warp
+from .speculation import NO_DRAFTER, PluginInstances, Request, Speculation, check_exact, check_names
 from .stats import Stats
 from .target import Target
-from .textstream import TextStream
-
-log = logging.getLogger(__name__)
-
-NO_DRAFTER = "none"
 
 
 @dataclass
-class Delta:
-    """A piece of streamed output: final text and the tokens it came from."""
+class Step:
+    """What one target step decided, handed from :meth:`Engine.verify` to
+    :meth:`Engine.commit`."""
 
-    text: str
-    token_ids: list[int]
-
-
-@dataclass
-class Completion:
-    text: str
-    token_ids: list[int]
-    stats: Stats
-
-    def as_json(self) -> dict[str, Any]:
-        return {"text": self.text, "token_ids": self.token_ids, "stats": self.stats.as_json()}
-
-
-@dataclass
-class Request:
-    prompt: list[int]
-    params: SamplingParams
-    drafter: str
-    verifier: str
-    exit_policy: str
-    cancel: Callable[[], bool] | None = None
-    deadline: float | None = None  # time.monotonic() value
-    corpus: Corpus | None = None
-    # Plugin instances, built when the request is made (None: plain decoding).
-    drafter_obj: Drafter | None = None
-    verifier_obj: Verifier | None = None
-    policy_obj: ExitPolicy | None = None
-
-
-class Generation:
-    """A running generation: iterate for :class:`Delta` objects; ``completion`` is set at the end."""
-
-    def __init__(self, it: Iterator[Delta]) -> None:
-        self._it = it
-        self.completion: Completion | None = None
-
-    def __iter__(self) -> Generation:
-        return self
-
-    def __next__(self) -> Delta:
-        return next(self._it)
-
-    def close(self) -> None:
-        self._it.close()  # type: ignore[attr-defined]
-
-    def result(self) -> Completion:
-        """Run to the end and return the completion."""
-        for _ in self:
-            pass
-        assert self.completion is not None
-        return self.completion
-
-
-@dataclass
-class _Step:
+    base: int  # cache length before the step: the pending token's position
     draft: Draft | None
     verdict: Verdict
-    new_tokens: list[int] = field(default_factory=list)
+    hidden: torch.Tensor | None  # [1 + N, H] when the drafter wants hidden states
 
 
 class Engine:
@@ -132,23 +79,25 @@ class Engine:
     ) -> None:
         if max_draft < 0:
             raise BadInputError(f"max_draft must be >= 0, got {max_draft}")
+        if prefix_cache_entries < 1:
+            raise BadInputError(f"prefix_cache_entries must be >= 1, got {prefix_cache_entries}")
+        if prefix_cache_bytes is not None and prefix_cache_bytes < 1:
+            raise BadInputError(f"prefix_cache_bytes must be >= 1, got {prefix_cache_bytes}")
         self.target = target
         self.tokenizer = target.tokenizer
         self.default_drafter = drafter
         self.default_verifier = verifier
         self.default_exit_policy = exit_policy
         self.max_draft = max_draft
-        self.drafter_options = dict(drafter_options or {})
         self.prefix_cache = PrefixCache(
             target.new_cache, max_entries=prefix_cache_entries, max_bytes=prefix_cache_bytes
         )
         self.guard = PluginGuard(failure_limit=plugin_failure_limit, timeout_s=plugin_timeout_s)
+        self.plugins = PluginInstances(self.guard, dict(drafter_options or {}))
         self.corpus: Corpus | None = None
-        self._drafters: dict[str, Drafter] = {}
-        self._verifiers: dict[str, Verifier] = {}
         self._lock = threading.Lock()
         # Validate the defaults now so a bad name fails at start, not at the first request.
-        self._check_names(drafter, verifier, exit_policy)
+        check_names(drafter, verifier, exit_policy)
 
     @classmethod
     def load(
@@ -158,14 +107,18 @@ class Engine:
         dtype: str | None = None,
         device: str | None = None,
         trust_remote_code: bool = False,
-        **engine_kwargs: Any,
+        **engine_options: Any,
     ) -> Engine:
-        """Load a model offline (the default: SmolLM2-135M-Instruct; see
-        :func:`specd.models.load_target`) and build an engine."""
+        """Load a model offline and build an engine around it.
+
+        :param model: as ``--model`` takes it (default: SmolLM2-135M-Instruct); see
+            :func:`specd.models.load_target`.
+        :param engine_options: the keyword arguments of :class:`Engine`.
+        """
         from .models import load_target
 
         target = load_target(model, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
-        return cls(target, **engine_kwargs)
+        return cls(target, **engine_options)
 
     # -- public API ---------------------------------------------------------------------
 
@@ -217,8 +170,8 @@ class Engine:
         v = verifier or self.default_verifier or ("greedy" if params.greedy else "rejection")
         e = exit_policy or self.default_exit_policy
         # Plain decoding uses neither a verifier nor a policy's budget.
-        self._check_names(d, v if d != NO_DRAFTER else None, e)
-        self._check_exactness(d, v, params)
+        check_names(d, v if d != NO_DRAFTER else None, e)
+        check_exact(d, v, params)
         req = Request(
             prompt=ids,
             params=params,
@@ -229,20 +182,12 @@ class Engine:
             deadline=None if time_budget_s is None else time.monotonic() + time_budget_s,
             corpus=corpus if corpus is not None else self.corpus,
         )
-        # Build the plugins now, so bad options fail here rather than mid-stream.
-        req.drafter_obj = self._drafter(d)
-        if req.drafter_obj is not None:
-            req.verifier_obj = self._verifier(v)
-            req.policy_obj = self._construct("exit_policies", e)
-        gen = Generation(iter(()))
-        gen._it = self._run(req, gen)
-        return gen
+        self.plugins.for_request(req)
+        return Generation(self._run(req))
 
     def plugin_health(self) -> dict[str, dict[str, Any]]:
         """Calls, failures and disabled state per plugin since the engine started."""
         return self.guard.snapshot()
-
-    # -- validation ---------------------------------------------------------------------
 
     def _empty_prompt_ids(self) -> list[int]:
         bos = getattr(self.tokenizer, "bos_token_id", None)
@@ -250,149 +195,63 @@ class Engine:
             raise BadInputError("the prompt is empty and the model has no BOS token to start from")
         return [int(bos)]
 
-    def _check_names(self, drafter: str, verifier: str | None, exit_policy: str) -> None:
-        if drafter != NO_DRAFTER:
-            registry.drafter_class(drafter)
-        if verifier is not None:
-            registry.verifier_class(verifier)
-        registry.exit_policy_class(exit_policy)
-
-    def _check_exactness(self, drafter: str, verifier: str, params: SamplingParams) -> None:
-        if drafter == NO_DRAFTER:
-            return
-        mode = "greedy" if params.greedy else "sampled"
-        cls = registry.verifier_class(verifier)
-        if mode not in cls.exact_for:
-            raise BadInputError(
-                f"verifier {verifier!r} is not exact for {mode} decoding "
-                f"(temperature={params.temperature}); "
-                + (
-                    "use a sampling verifier such as 'rejection', or --drafter none"
-                    if mode == "sampled"
-                    else "use 'greedy'"
-                )
-            )
-
-    # -- plugin instances -----------------------------------------------------------------
-
-    def _construct(self, kind: str, name: str, options: dict[str, Any] | None = None) -> Any:
-        """A plugin instance, or None when its constructor failed (isolated like any other
-        plugin failure). Options the constructor rejects are the user's error and raise."""
-        key = f"{kind.rstrip('s')}:{name}"
-        if self.guard.disabled(key):
-            return None
-        try:
-            return registry.make(kind, name, options)
-        except BadInputError:
-            raise
-        except Exception as exc:  # noqa: BLE001
-            self.guard.fail(key, exc)
-            return None
-
-    def _drafter(self, name: str) -> Drafter | None:
-        if name == NO_DRAFTER or self.guard.disabled(f"drafter:{name}"):
-            return None
-        if name not in self._drafters:
-            drafter = self._construct("drafters", name, self.drafter_options.get(name))
-            if drafter is None:
-                return None
-            self._drafters[name] = drafter
-        return self._drafters[name]
-
-    def _verifier(self, name: str) -> Verifier | None:
-        if name not in self._verifiers:
-            verifier = self._construct("verifiers", name)
-            if verifier is None:
-                return None
-            self._verifiers[name] = verifier
-        return self._verifiers[name]
-
     # -- the decode loop ----------------------------------------------------------------
 
-    def _run(self, req: Request, gen: Generation) -> Iterator[Delta]:
-        with self._lock:
-            yield from self._decode(req, gen)
+    def _run(self, req: Request) -> Generator[Delta, None, Completion]:
+        with self._lock:  # one generation at a time per engine
+            return (yield from self._decode(req))
 
-    def _decode(self, req: Request, gen: Generation) -> Iterator[Delta]:
+    def _decode(self, req: Request) -> Generator[Delta, None, Completion]:
         t_start = time.perf_counter()
-        params = req.params
         stats = Stats(prompt_tokens=len(req.prompt), drafter=req.drafter)
-        generator = make_generator(params.seed)
-        text = TextStream(self.tokenizer, params.stop)
-        out_ids: list[int] = []
-
-        spec = _Speculation(self, req, stats)
-        cache, reused, stop = self.prefill(req.prompt, lambda: self._should_stop(req))
-        stats.reused_tokens = reused
+        cache, stats.reused_tokens, why = self.prefill(req.prompt, lambda: _should_stop(req))
         stats.prefill_s = time.perf_counter() - t_start
-        pending = req.prompt[-1]
-        if stop:  # cancelled or out of time during prefill; what was computed stays cached
+        if why:  # cancelled or out of time during prefill; what was computed stays cached
             self.prefix_cache.release(cache, req.prompt[: cache.length])
-            stats.finish_reason = stop
+            stats.finish_reason = why
             stats.total_s = time.perf_counter() - t_start
-            gen.completion = Completion(text="", token_ids=[], stats=stats)
-            return
+            return Completion(text="", token_ids=[], stats=stats)
 
+        spec = Speculation(
+            self.guard,
+            req,
+            max_draft=self.max_draft,
+            vocab_size=self.target.vocab_size,
+            stats=stats,
+        )
         ctx = DraftContext(
             tokens=list(req.prompt),
-            params=params,
-            generator=generator,
+            params=req.params,
+            generator=make_generator(req.params.seed),
             vocab_size=self.target.vocab_size,
             target=self.target,
             corpus=req.corpus,
             exit_policy=spec.policy,
             cache=cache,
         )
+        out = Emitter(self.tokenizer, req.params, self.target.eos_token_ids, stats, t_start)
         try:
             spec.start(ctx)
-            finish = ""
-            while not finish:
-                finish = self._should_stop(req)
-                if finish:
+            while not out.finish:
+                if why := _should_stop(req):
+                    out.finish = why
                     break
                 t_step = time.perf_counter()
-                remaining = params.max_tokens - len(out_ids)
-                draft = spec.draft_step(ctx, min(self.max_draft, remaining - 1))
+                # draft: leave room for the verifier's own token (correction or bonus)
+                draft = spec.draft(ctx, room=out.room - 1)
                 t_drafted = time.perf_counter()
+                # verify: the pending token is the last committed one
+                step = self.verify(cache, ctx.tokens[-1], draft, spec, req.params, ctx.generator)
                 stats.draft_s += t_drafted - t_step
-
-                step = self.verify_step(cache, pending, draft, spec, params, generator, ctx)
                 stats.verify_s += time.perf_counter() - t_drafted
-
-                new = step.new_tokens
-                n_drafted = len(draft) if draft is not None else 0
-                n_accepted = len(step.verdict.path)
-                depth = max(draft.depths()) if draft is not None else 0
-                stats.record_step(n_drafted, depth, n_accepted)
-                pending = new[-1]
-                ctx.tokens.extend(new)
-                spec.commit(ctx, new, n_drafted, n_accepted)
-
-                # EOS and max_tokens cut what is emitted; the cache may hold a little more,
-                # which is harmless: the prefix cache records exactly what it holds.
-                emit = new
-                for i, t in enumerate(emit):
-                    if t in self.target.eos_token_ids:
-                        emit, finish = emit[:i], "eos"
-                        break
-                if len(out_ids) + len(emit) >= params.max_tokens:
-                    emit = emit[: params.max_tokens - len(out_ids)]
-                    finish = finish or "length"
-                piece, kept = text.push(emit)
-                emit = emit[:kept]
-                if text.stopped:
-                    finish = "stop"
-                out_ids.extend(emit)
-                if emit and stats.new_tokens == 0:
-                    stats.ttft_s = time.perf_counter() - t_start
-                stats.new_tokens = len(out_ids)
-                stats.step_s.append((time.perf_counter() - t_step) / max(len(emit), 1))
-                if piece or emit:
-                    yield Delta(piece, emit)
-            tail = text.flush()
-            if tail:
-                yield Delta(tail, [])
-            stats.finish_reason = finish
+                new = self.commit(cache, step, spec, ctx, stats)
+                delta = out.emit(new, t_step)
+                if delta is not None:
+                    yield delta
+            tail = out.flush()
+            if tail is not None:
+                yield tail
+            stats.finish_reason = out.finish
         finally:
             spec.finish(ctx)
             # The cache holds every committed token but the pending one.
@@ -400,18 +259,11 @@ class Engine:
         stats.total_s = time.perf_counter() - t_start
         if stats.new_tokens and not stats.ttft_s:
             stats.ttft_s = stats.total_s
-        gen.completion = Completion(text=text.text, token_ids=out_ids, stats=stats)
+        return Completion(text=out.text.text, token_ids=out.token_ids, stats=stats)
 
-    @staticmethod
-    def _should_stop(req: Request) -> str:
-        """ "cancelled" or "time" when the request must end now, else ""."""
-        if req.cancel is not None and req.cancel():
-            return "cancelled"
-        if req.deadline is not None and time.monotonic() > req.deadline:
-            return "time"
-        return ""
-
-    def prefill(self, prompt: Sequence[int], stop: Callable[[], str] | None = None):
+    def prefill(
+        self, prompt: Sequence[int], stop: Callable[[], str] | None = None
+    ) -> tuple[KVCache, int, str]:
         """Bring a cache to hold ``prompt[:-1]``, reusing the longest cached prefix, with
         ``stop`` checked between prefill chunks (:data:`specd.target.PREFILL_CHUNK`).
 
@@ -427,146 +279,73 @@ class Engine:
             raise
         return cache, reused, why
 
-    def verify_step(
+    def verify(
         self,
-        cache,
+        cache: KVCache,
         pending: int,
         draft: Draft | None,
-        spec: _Speculation,
+        spec: Speculation,
         params: SamplingParams,
         generator: torch.Generator,
-        ctx: DraftContext,
-    ) -> _Step:
-        """One target forward over ``[pending, draft...]``, the verifier's decision, and the
-        cache commit/rollback. A failed verifier costs only its draft: the target's own
-        token at the root is taken instead."""
+    ) -> Step:
+        """One target forward over ``[pending, *draft]`` and the verifier's decision. With
+        no draft, or when the verifier fails, the target's own token at the root is taken
+        (a failed verifier costs only its draft)."""
         base = cache.length
         tokens = [pending]
         parents = None
         if draft is not None:
             tokens += draft.tokens
             parents = [-1] + [p + 1 if p >= 0 else 0 for p in draft.parents]
+        # tokens: [1 + N] -> logits: [1 + N, V]
         out = self.target.forward(cache, tokens, parents, hidden=spec.wants_hidden)
-        # logits: [1 + N, V] -> p: the target's distributions at the root and after each node
-        p = warp(out.logits, params)
+        # p: [1 + N, V]; row 0 is the target's distribution at the root, row i + 1 after node i
+        p = self.distributions(out.logits, params)
         verdict = spec.verify(draft, p, generator) if draft is not None else None
         if verdict is None:
             verdict = Verdict(path=[], token=_choose(p[0], params, generator))
-        # Commit: keep the pending token and the accepted path; roll back the rest.
-        cache.keep(base, [base] + [base + 1 + i for i in verdict.path])
-        if spec.wants_hidden and out.hidden is not None:
-            ctx.hidden = out.hidden[[0] + [1 + i for i in verdict.path]]
-        new = [draft.tokens[i] for i in verdict.path] if draft is not None else []
-        new.append(verdict.token)
-        return _Step(draft=draft, verdict=verdict, new_tokens=new)
+        return Step(base, draft, verdict, out.hidden)
+
+    def distributions(self, logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+        """The target's distributions p, which the verifier and plain decoding draw from.
+
+        :param logits: ``[1 + N, V]``: at the root (after the pending token) and after each
+            draft node.
+        :returns: ``[1 + N, V]`` probabilities, warped by ``params``.
+        """
+        return warp(logits, params)
+
+    def commit(
+        self, cache: KVCache, step: Step, spec: Speculation, ctx: DraftContext, stats: Stats
+    ) -> list[int]:
+        """Make a step's decision the request's state: the cache keeps the pending token and
+        the accepted path and drops the other nodes; the accepted draft tokens and the
+        verifier's token join ``ctx.tokens``; the policy and the drafter hear of them; the
+        step is counted.
+
+        :returns: the step's new tokens; the last one is the next pending token.
+        """
+        path = step.verdict.path
+        cache.keep(step.base, [step.base] + [step.base + 1 + i for i in path])
+        new = [step.draft.tokens[i] for i in path] if step.draft is not None else []
+        new.append(step.verdict.token)
+        if step.hidden is not None:
+            ctx.hidden = step.hidden[[0] + [1 + i for i in path]]
+        ctx.tokens.extend(new)
+        drafted = len(step.draft) if step.draft is not None else 0
+        depth = max(step.draft.depths()) if step.draft is not None else 0
+        stats.record_step(drafted, depth, len(path))
+        spec.commit(ctx, new, drafted, len(path))
+        return new
 
 
-class _Speculation:
-    """The plugins serving one request, each call isolated by the engine's guard. When one
-    fails, the request goes on with plain decoding."""
-
-    def __init__(self, engine: Engine, req: Request, stats: Stats) -> None:
-        self.engine = engine
-        self.guard = engine.guard
-        self.stats = stats
-        self.params = req.params
-        self.drafter_key = f"drafter:{req.drafter}"
-        self.verifier_key = f"verifier:{req.verifier}"
-        self.policy_key = f"exit_policy:{req.exit_policy}"
-        self.drafter = req.drafter_obj
-        self.verifier = req.verifier_obj
-        self.policy: ExitPolicy = req.policy_obj  # type: ignore[assignment]  # None only with drafter None
-        self.deadline = req.deadline
-        parts = (
-            (self.drafter_key, self.drafter),
-            (self.verifier_key, self.verifier),
-            (self.policy_key, self.policy),
-        )
-        missing = [key for key, obj in parts if obj is None]
-        if req.drafter != NO_DRAFTER and missing:
-            self._give_up(f"{', '.join(missing)} disabled or failed to start")
-
-    @property
-    def wants_hidden(self) -> bool:
-        return self.drafter is not None and self.drafter.wants_hidden
-
-    def _give_up(self, why: str) -> None:
-        self.stats.fallback = self.stats.fallback or why
-        self.drafter = None
-        self.verifier = None
-
-    def start(self, ctx: DraftContext) -> None:
-        if self.drafter is None:
-            return
-        try:
-            self.guard.call(self.policy_key, self.policy.start, self.engine.max_draft)
-            self.guard.call(self.drafter_key, self.drafter.start, ctx, deadline=self.deadline)
-        except PluginFailed as e:
-            self._give_up(str(e))
-
-    def draft_step(self, ctx: DraftContext, limit: int) -> Draft | None:
-        """Ask the policy for a budget and the drafter for at most that many nodes."""
-        if self.drafter is None or limit <= 0:
-            return None
-        drafter = self.drafter
-        vocab = self.engine.target.vocab_size
-        try:
-            budget = min(
-                limit,
-                max(
-                    int(self.guard.call(self.policy_key, self.policy.draft_budget)),
-                    0,
-                ),
-            )
-            if budget <= 0:
-                return None
-
-            def propose() -> Draft | None:
-                draft = drafter.propose(ctx, budget)
-                if draft is None or len(draft) == 0:
-                    return None
-                _check_draft(draft, budget, vocab)
-                return draft
-
-            return self.guard.call(self.drafter_key, propose, deadline=self.deadline)
-        except PluginFailed as e:
-            self._give_up(str(e))
-            return None
-
-    def verify(self, draft: Draft, p: torch.Tensor, generator: torch.Generator) -> Verdict | None:
-        verifier = self.verifier
-        if verifier is None:
-            return None
-
-        def run() -> Verdict:
-            verdict = verifier.verify(draft, p, self.params, generator)
-            _check_verdict(verdict, draft, p.shape[-1])
-            return verdict
-
-        try:
-            return self.guard.call(self.verifier_key, run, deadline=self.deadline)
-        except PluginFailed as e:
-            self._give_up(str(e))
-            return None
-
-    def commit(self, ctx: DraftContext, new: list[int], drafted: int, accepted: int) -> None:
-        if self.drafter is None:
-            return
-        try:
-            self.guard.call(self.policy_key, self.policy.observe, drafted, accepted)
-            self.guard.call(
-                self.drafter_key, self.drafter.commit, ctx, new, accepted, deadline=self.deadline
-            )
-        except PluginFailed as e:
-            self._give_up(str(e))
-
-    def finish(self, ctx: DraftContext) -> None:
-        if self.drafter is None:
-            return
-        try:
-            self.guard.call(self.drafter_key, self.drafter.finish, ctx, deadline=self.deadline)
-        except PluginFailed:
-            pass
+def _should_stop(req: Request) -> str:
+    """ "cancelled" or "time" when the request must end now, else ""."""
+    if req.cancel is not None and req.cancel():
+        return "cancelled"
+    if req.deadline is not None and time.monotonic() > req.deadline:
+        return "time"
+    return ""
 
 
 def _choose(p: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
@@ -574,40 +353,3 @@ def _choose(p: torch.Tensor, params: SamplingParams, generator: torch.Generator)
     if params.greedy:
         return int(p.argmax())
     return sample(p, generator)
-
-
-def _check_draft(draft: Draft, budget: int, vocab: int) -> None:
-    n = len(draft.tokens)
-    if n > budget:
-        raise PluginError(f"draft of {n} nodes exceeds the budget of {budget}")
-    if len(draft.parents) != n:
-        raise PluginError("draft tokens and parents differ in length")
-    for i, (t, par) in enumerate(zip(draft.tokens, draft.parents)):
-        if not isinstance(t, int) or not 0 <= t < vocab:
-            raise PluginError(
-                f"draft token {t!r} at node {i} is outside the vocabulary [0, {vocab})"
-            )
-        if not -1 <= par < i:
-            raise PluginError(f"draft node {i} has parent {par}; parents must precede children")
-    if draft.q is not None:
-        q = draft.q
-        if q.shape != (n, vocab):
-            raise PluginError(f"draft q has shape {tuple(q.shape)}, expected {(n, vocab)}")
-        if not torch.isfinite(q).all() or (q < 0).any():
-            raise PluginError("draft q has NaN, infinite or negative probabilities")
-        if not torch.allclose(
-            q.sum(-1).double().cpu(), torch.ones(n, dtype=torch.float64), atol=1e-3
-        ):
-            raise PluginError("draft q rows do not sum to 1")
-
-
-def _check_verdict(verdict: Verdict, draft: Draft, vocab: int) -> None:
-    prev = -1
-    for node in verdict.path:
-        if not 0 <= node < len(draft) or draft.parents[node] != prev:
-            raise PluginError(
-                f"verifier returned a path {verdict.path} that is not a root path of the draft"
-            )
-        prev = node
-    if not 0 <= verdict.token < vocab:
-        raise PluginError(f"verifier returned token {verdict.token} outside the vocabulary")

@@ -1,9 +1,15 @@
-"""Finding plugins: one plugin manager, the entry-point group ``specd``, and lookups by name."""
+"""Finding plugins: one plugin manager, the entry-point group ``specd``, and lookups by name.
+
+What the plugins register is collected once per plugin manager and set of plugins, so a
+request's lookups by name cost a dictionary read; registering or unregistering a plugin, or
+:func:`reset_plugin_manager`, makes the next lookup collect again.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -23,11 +29,32 @@ BUILTIN_PREFIX = "specd.plugins."
 _pm: pluggy.PluginManager | None = None
 log = logging.getLogger("specd.plugins")
 
+
+@dataclass(frozen=True)
+class Kind:
+    """One kind of plugin class: the hook that registers it, its base class, the prefix
+    of its health key (``drafter:ngram``) and its name in messages."""
+
+    hook: str
+    base: type
+    key: str
+    noun: str
+
+
 KINDS = {
-    "drafters": ("specd_register_drafters", Drafter),
-    "verifiers": ("specd_register_verifiers", Verifier),
-    "exit_policies": ("specd_register_exit_policies", ExitPolicy),
+    "drafters": Kind("specd_register_drafters", Drafter, "drafter", "drafter"),
+    "verifiers": Kind("specd_register_verifiers", Verifier, "verifier", "verifier"),
+    "exit_policies": Kind("specd_register_exit_policies", ExitPolicy, "exit_policy", "exit policy"),
 }
+
+
+def plugin_key(kind: str, name: str) -> str:
+    """What a plugin's health is filed under (``Engine.plugin_health()``, ``Stats.fallback``):
+    ``drafter:ngram``, ``verifier:rejection``, ``exit_policy:adaptive``.
+
+    :param kind: "drafters", "verifiers" or "exit_policies".
+    """
+    return f"{KINDS[kind].key}:{name}"
 
 
 def get_plugin_manager() -> pluggy.PluginManager:
@@ -73,6 +100,7 @@ def reset_plugin_manager() -> None:
     """Forget the loaded plugins (tests, or after installing a plugin at run time)."""
     global _pm
     _pm = None
+    _scans.clear()
 
 
 @dataclass(frozen=True)
@@ -85,6 +113,12 @@ class PluginInfo:
         return {"name": self.name, "module": self.module}
 
 
+#: plugin manager -> (the plugins it held, what they registered, by kind and name)
+_scans: weakref.WeakKeyDictionary[pluggy.PluginManager, tuple[list[object], dict]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
 def registered(kind: str, pm: pluggy.PluginManager | None = None) -> dict[str, PluginInfo]:
     """Everything of one kind ("drafters", "verifiers", "exit_policies"), by name.
 
@@ -92,8 +126,21 @@ def registered(kind: str, pm: pluggy.PluginManager | None = None) -> dict[str, P
     not a subclass of the kind's base class or has no name, is logged and skipped. When two
     plugins register the same name, the first keeps it and the clash is logged.
     """
-    hook_name, base = KINDS[kind]
     pm = pm or get_plugin_manager()
+    plugins = [plugin for _, plugin in pm.list_name_plugin()]
+    scan = _scans.get(pm)
+    if (
+        scan is None
+        or len(scan[0]) != len(plugins)
+        or any(a is not b for a, b in zip(scan[0], plugins))
+    ):
+        scan = (plugins, {k: _collect(k, pm) for k in KINDS})
+        _scans[pm] = scan
+    return dict(scan[1][kind])
+
+
+def _collect(kind: str, pm: pluggy.PluginManager) -> dict[str, PluginInfo]:
+    hook_name, base = KINDS[kind].hook, KINDS[kind].base
     found: dict[str, PluginInfo] = {}
 
     for impl in getattr(pm.hook, hook_name).get_hookimpls():
@@ -137,10 +184,7 @@ def _lookup(kind: str, name: str) -> type:
     infos = registered(kind)
     if name not in infos:
         known = ", ".join(sorted(infos)) or "none installed"
-        singular = {"drafters": "drafter", "verifiers": "verifier", "exit_policies": "exit policy"}[
-            kind
-        ]
-        raise UnknownPluginError(f"unknown {singular} {name!r} (installed: {known})")
+        raise UnknownPluginError(f"unknown {KINDS[kind].noun} {name!r} (installed: {known})")
     return infos[name].cls
 
 

@@ -293,3 +293,41 @@ def test_running_out_of_request_time_is_not_held_against_the_plugin(target):
         assert health["failures"] == 0 and not health["disabled"]
     finally:
         pm.unregister(plugin)
+
+
+class PolicyRaisesInInit(ExitPolicy):
+    name = "bad-policy-init"
+
+    def __init__(self):
+        raise RuntimeError("cannot construct")
+
+    def draft_budget(self):
+        return 4
+
+
+def test_a_plugin_has_one_health_key_whether_it_fails_building_or_running(target):
+    """An exit policy that fails in its constructor is filed under ``exit_policy:NAME``,
+    the key its run-time failures use (it was once ``exit_policie:NAME``)."""
+
+    class P:
+        @hookimpl
+        def specd_register_exit_policies(self, register):
+            register(PolicyRaisesInInit)
+
+    pm = get_plugin_manager()
+    plugin = P()
+    pm.register(plugin, name="test-policy-init")
+    try:
+        engine = Engine(target, drafter="copy-last", exit_policy="bad-policy-init")
+        out = engine.generate(PROMPT, PARAMS)
+        assert out.token_ids == _plain(target)
+        assert engine.plugin_health()["exit_policy:bad-policy-init"]["failures"] == 1
+        assert "exit_policy:bad-policy-init" in out.stats.fallback
+        engine.generate(PROMPT, PARAMS, exit_policy="bad-policy")  # fails at run time
+        assert set(engine.plugin_health()) >= {
+            "exit_policy:bad-policy-init",
+            "exit_policy:bad-policy",
+        }
+        assert not [k for k in engine.plugin_health() if k.startswith("exit_policie:")]
+    finally:
+        pm.unregister(plugin)

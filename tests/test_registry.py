@@ -82,3 +82,38 @@ def test_junk_registrations_are_skipped_and_clashes_logged(caplog):
     assert "without a name" in messages
     assert "'raising' failed" in messages
     assert "registered by both" in messages
+
+
+class Counting:
+    """Counts how often the plugin manager asks it what it registers."""
+
+    calls = 0
+
+    @hookimpl
+    def specd_register_drafters(self, register):
+        Counting.calls += 1
+        register(Good)
+
+
+def test_registrations_are_collected_once_per_plugin_set(fresh_manager):
+    """Every request looks plugins up by name several times; none of that may call the
+    hooks again until the set of plugins changes."""
+    from specd import Engine, SamplingParams
+    from specd.tiny import tiny_target
+
+    pm = registry.get_plugin_manager()
+    Counting.calls = 0
+    counting = Counting()
+    pm.register(counting, name="counting")
+    engine = Engine(tiny_target(seed=1), drafter="ngram")
+    for _ in range(3):
+        engine.generate([1, 2, 3, 1, 2, 3], SamplingParams(max_tokens=4))
+    assert Counting.calls == 1
+    assert "dup" in registry.registered("drafters")
+
+    pm.register(Fine(), name="fine")  # a new plugin: collect again
+    registry.registered("drafters")
+    assert Counting.calls == 2
+    pm.unregister(counting)
+    assert "dup" in registry.registered("drafters")  # Fine still registers it
+    assert Counting.calls == 2

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import registry
-from ..engine import NO_DRAFTER
 from ..errors import BadInputError
+from ..speculation import NO_DRAFTER
 
 HF_PLAIN = "hf-plain"
 HF_PROMPT_LOOKUP = "hf-prompt-lookup"

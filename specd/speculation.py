@@ -1,0 +1,288 @@
+"""The plugins serving one request: drafter, verifier and exit policy, every call guarded.
+
+The engine's decode loop never calls a plugin itself; it asks :class:`Speculation` for a
+draft, a verdict, and to pass on what a step committed. Each call goes through the
+engine's :class:`~specd.isolation.PluginGuard`: when a plugin raises, returns something
+malformed (checked here, before the target or the cache sees it) or overruns its time,
+the request goes on with plain decoding, so its output is still the target's own, and
+``Stats.fallback`` says why. :class:`PluginInstances` builds the instances an engine reuses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from . import registry
+from .api import DraftContext, Drafter, ExitPolicy, Verifier
+from .draft import Draft, Verdict
+from .errors import BadInputError, PluginError
+from .isolation import PluginFailed, PluginGuard
+from .ngram_index import Corpus
+from .sampling import SamplingParams
+from .stats import Stats
+
+#: The drafter name that means plain decoding: no draft, no verifier, no policy budget.
+NO_DRAFTER = "none"
+
+
+@dataclass
+class Request:
+    """One generation as the engine runs it: the prompt, the plugins chosen for it (by
+    name, and the instances built for it), and when it must stop."""
+
+    prompt: list[int]
+    params: SamplingParams
+    drafter: str
+    verifier: str
+    exit_policy: str
+    cancel: Callable[[], bool] | None = None
+    deadline: float | None = None  # time.monotonic() value
+    corpus: Corpus | None = None
+    # Plugin instances, built when the request is made (None: plain decoding).
+    drafter_obj: Drafter | None = None
+    verifier_obj: Verifier | None = None
+    policy_obj: ExitPolicy | None = None
+
+
+def check_names(drafter: str, verifier: str | None, exit_policy: str) -> None:
+    """Raise :class:`~specd.errors.UnknownPluginError` for a name nothing registered."""
+    if drafter != NO_DRAFTER:
+        registry.drafter_class(drafter)
+    if verifier is not None:
+        registry.verifier_class(verifier)
+    registry.exit_policy_class(exit_policy)
+
+
+def check_exact(drafter: str, verifier: str, params: SamplingParams) -> None:
+    """Refuse a verifier that does not keep this decoding mode exact."""
+    if drafter == NO_DRAFTER:
+        return
+    mode = "greedy" if params.greedy else "sampled"
+    if mode not in registry.verifier_class(verifier).exact_for:
+        fix = (
+            "use a sampling verifier such as 'rejection', or --drafter none"
+            if mode == "sampled"
+            else "use 'greedy'"
+        )
+        raise BadInputError(
+            f"verifier {verifier!r} is not exact for {mode} decoding "
+            f"(temperature={params.temperature}); {fix}"
+        )
+
+
+class PluginInstances:
+    """An engine's plugin instances: one drafter and one verifier per name, built on first
+    use and shared by every request; a new exit policy for each request.
+
+    A constructor that raises is isolated like any other plugin failure (the instance is
+    None and the request decodes plainly); options it rejects are the user's error and
+    raise :class:`~specd.errors.BadInputError`.
+
+    :param drafter_options: constructor options per drafter name.
+    """
+
+    def __init__(self, guard: PluginGuard, drafter_options: dict[str, dict[str, Any]]) -> None:
+        self.guard = guard
+        self.drafter_options = drafter_options
+        self._drafters: dict[str, Drafter] = {}
+        self._verifiers: dict[str, Verifier] = {}
+
+    def for_request(self, req: Request) -> None:
+        """Build ``req``'s plugins now, so that bad options fail before it streams."""
+        req.drafter_obj = self.drafter(req.drafter)
+        if req.drafter_obj is not None:
+            req.verifier_obj = self.verifier(req.verifier)
+            req.policy_obj = self._build("exit_policies", req.exit_policy)
+
+    def drafter(self, name: str) -> Drafter | None:
+        if name == NO_DRAFTER or self.guard.disabled(registry.plugin_key("drafters", name)):
+            return None
+        if name not in self._drafters:
+            drafter = self._build("drafters", name, self.drafter_options.get(name))
+            if drafter is None:
+                return None
+            self._drafters[name] = drafter
+        return self._drafters[name]
+
+    def verifier(self, name: str) -> Verifier | None:
+        if name not in self._verifiers:
+            verifier = self._build("verifiers", name)
+            if verifier is None:
+                return None
+            self._verifiers[name] = verifier
+        return self._verifiers[name]
+
+    def _build(self, kind: str, name: str, options: dict[str, Any] | None = None) -> Any:
+        key = registry.plugin_key(kind, name)
+        if self.guard.disabled(key):
+            return None
+        try:
+            return registry.make(kind, name, options)
+        except BadInputError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a broken constructor is isolated
+            self.guard.fail(key, exc)
+            return None
+
+
+class Speculation:
+    """The plugins serving one request. When one fails, the request goes on with plain
+    decoding: :meth:`draft` returns None and :meth:`verify` defers to the target.
+
+    :param guard: runs every plugin call (the engine's, so health spans requests).
+    :param req: the request, with its plugin instances and deadline.
+    :param max_draft: the most draft nodes one step may verify.
+    :param vocab_size: the target's vocabulary; draft tokens and q rows must fit it.
+    :param stats: where the reason for falling back is recorded.
+    """
+
+    def __init__(
+        self, guard: PluginGuard, req: Request, *, max_draft: int, vocab_size: int, stats: Stats
+    ) -> None:
+        self.guard = guard
+        self.params = req.params
+        self.deadline = req.deadline
+        self.max_draft = max_draft
+        self.vocab_size = vocab_size
+        self.stats = stats
+        self.drafter_key = registry.plugin_key("drafters", req.drafter)
+        self.verifier_key = registry.plugin_key("verifiers", req.verifier)
+        self.policy_key = registry.plugin_key("exit_policies", req.exit_policy)
+        self.drafter = req.drafter_obj
+        self.verifier = req.verifier_obj
+        self.policy: ExitPolicy = req.policy_obj  # type: ignore[assignment]  # None only with drafter None
+        parts = (
+            (self.drafter_key, self.drafter),
+            (self.verifier_key, self.verifier),
+            (self.policy_key, self.policy),
+        )
+        missing = [key for key, obj in parts if obj is None]
+        if req.drafter != NO_DRAFTER and missing:
+            self._give_up(f"{', '.join(missing)} disabled or failed to start")
+
+    @property
+    def wants_hidden(self) -> bool:
+        return self.drafter is not None and self.drafter.wants_hidden
+
+    def _give_up(self, why: str) -> None:
+        self.stats.fallback = self.stats.fallback or why
+        self.drafter = None
+        self.verifier = None
+
+    def start(self, ctx: DraftContext) -> None:
+        if self.drafter is None:
+            return
+        try:
+            self.guard.call(self.policy_key, self.policy.start, self.max_draft)
+            self.guard.call(self.drafter_key, self.drafter.start, ctx, deadline=self.deadline)
+        except PluginFailed as e:
+            self._give_up(str(e))
+
+    def draft(self, ctx: DraftContext, room: int) -> Draft | None:
+        """Ask the policy for a budget (at most ``max_draft`` and ``room``) and the drafter
+        for at most that many nodes. :returns: a checked draft, or None for a plain step."""
+        limit = min(self.max_draft, room)
+        if self.drafter is None or limit <= 0:
+            return None
+        drafter = self.drafter
+        vocab = self.vocab_size
+        try:
+            asked = int(self.guard.call(self.policy_key, self.policy.draft_budget))
+            budget = min(limit, max(asked, 0))
+            if budget <= 0:
+                return None
+
+            def propose() -> Draft | None:
+                draft = drafter.propose(ctx, budget)
+                if draft is None or len(draft) == 0:
+                    return None
+                check_draft(draft, budget, vocab)
+                return draft
+
+            return self.guard.call(self.drafter_key, propose, deadline=self.deadline)
+        except PluginFailed as e:
+            self._give_up(str(e))
+            return None
+
+    def verify(self, draft: Draft, p: torch.Tensor, generator: torch.Generator) -> Verdict | None:
+        """The verifier's checked verdict on ``draft`` given ``p`` ``[N + 1, V]``, or None
+        when there is no verifier (any more): the caller takes the target's own token."""
+        verifier = self.verifier
+        if verifier is None:
+            return None
+
+        def run() -> Verdict:
+            verdict = verifier.verify(draft, p, self.params, generator)
+            check_verdict(verdict, draft, p.shape[-1])
+            return verdict
+
+        try:
+            return self.guard.call(self.verifier_key, run, deadline=self.deadline)
+        except PluginFailed as e:
+            self._give_up(str(e))
+            return None
+
+    def commit(self, ctx: DraftContext, new: list[int], drafted: int, accepted: int) -> None:
+        """Tell the policy how the step went and the drafter which tokens it committed."""
+        if self.drafter is None:
+            return
+        try:
+            self.guard.call(self.policy_key, self.policy.observe, drafted, accepted)
+            self.guard.call(
+                self.drafter_key, self.drafter.commit, ctx, new, accepted, deadline=self.deadline
+            )
+        except PluginFailed as e:
+            self._give_up(str(e))
+
+    def finish(self, ctx: DraftContext) -> None:
+        if self.drafter is None:
+            return
+        try:
+            self.guard.call(self.drafter_key, self.drafter.finish, ctx, deadline=self.deadline)
+        except PluginFailed:
+            pass
+
+
+def check_draft(draft: Draft, budget: int, vocab: int) -> None:
+    """Raise :class:`PluginError` unless ``draft`` is a well-formed tree within ``budget``
+    whose tokens and q rows fit the vocabulary."""
+    n = len(draft.tokens)
+    if n > budget:
+        raise PluginError(f"draft of {n} nodes exceeds the budget of {budget}")
+    if len(draft.parents) != n:
+        raise PluginError("draft tokens and parents differ in length")
+    for i, (t, par) in enumerate(zip(draft.tokens, draft.parents)):
+        if not isinstance(t, int) or not 0 <= t < vocab:
+            raise PluginError(
+                f"draft token {t!r} at node {i} is outside the vocabulary [0, {vocab})"
+            )
+        if not -1 <= par < i:
+            raise PluginError(f"draft node {i} has parent {par}; parents must precede children")
+    if draft.q is not None:
+        q = draft.q
+        if q.shape != (n, vocab):
+            raise PluginError(f"draft q has shape {tuple(q.shape)}, expected {(n, vocab)}")
+        if not torch.isfinite(q).all() or (q < 0).any():
+            raise PluginError("draft q has NaN, infinite or negative probabilities")
+        if not torch.allclose(
+            q.sum(-1).double().cpu(), torch.ones(n, dtype=torch.float64), atol=1e-3
+        ):
+            raise PluginError("draft q rows do not sum to 1")
+
+
+def check_verdict(verdict: Verdict, draft: Draft, vocab: int) -> None:
+    """Raise :class:`PluginError` unless the verdict's path is a root path of ``draft`` and
+    its token is in the vocabulary."""
+    prev = -1
+    for node in verdict.path:
+        if not 0 <= node < len(draft) or draft.parents[node] != prev:
+            raise PluginError(
+                f"verifier returned a path {verdict.path} that is not a root path of the draft"
+            )
+        prev = node
+    if not 0 <= verdict.token < vocab:
+        raise PluginError(f"verifier returned token {verdict.token} outside the vocabulary")
