@@ -8,7 +8,7 @@ import os
 import socket
 from typing import Any
 
-from specd.errors import BadInputError, SpecdError
+from specd import BadInputError, SpecdError
 
 
 class DaemonError(SpecdError):

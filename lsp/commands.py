@@ -1,9 +1,10 @@
 """``specd serve``, ``specd complete`` and ``specd stats``.
 
-``serve`` and ``complete`` take the model and decoding options of ``specd generate``. For
-tests they also take a hidden ``--tiny-model``: a tiny random model from
-:mod:`specd.tiny` instead of a real one, so end-to-end tests start in seconds and
-download nothing (its completions are random characters).
+They join the ``specd`` command line through the ``specd_register_commands`` hook (this
+module is the ``lsp`` entry point of the ``specd`` group). ``serve`` and ``complete`` take
+the model and decoding options of ``specd generate``; end-to-end tests run them with
+``--model tiny``, which starts in seconds and downloads nothing (its completions are random
+characters).
 """
 
 from __future__ import annotations
@@ -16,16 +17,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from specd.cli import EXIT_OK, add_decoding_args, add_model_args, build_engine, sampling_params
-from specd.errors import BadInputError
+from specd import BadInputError, hookimpl
+from specd.options import EXIT_OK, add_decoding_args, add_model_args, build_engine, sampling_params
 
 from . import config
 
 log = logging.getLogger(__name__)
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
+@hookimpl
+def specd_register_commands(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``serve``, ``complete`` and ``stats``."""
+    p = subparsers.add_parser(
         "serve",
         help="run the language server (editors: --stdio; a shared local daemon: --tcp)",
         description="Run the specd language server. The model loads once and is warmed up before the first request.",
@@ -61,7 +64,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_common(p)
     p.set_defaults(func=cmd_serve)
 
-    p = sub.add_parser(
+    p = subparsers.add_parser(
         "complete",
         help="complete a file at a line and column, like an editor would",
         description="Complete FILE at LINE:COL (1-based; columns count characters) with the language server's pipeline.",
@@ -82,7 +85,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     _add_common(p)
     p.set_defaults(func=cmd_complete)
 
-    p = sub.add_parser(
+    p = subparsers.add_parser(
         "stats",
         help="metrics of a running daemon",
         description="Print a running daemon's metrics since it started (aggregates only, no code).",
@@ -100,7 +103,6 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     )
     add_model_args(p)
     add_decoding_args(p)
-    p.add_argument("--tiny-model", action="store_true", help=argparse.SUPPRESS)
 
 
 # -- serve -------------------------------------------------------------------------------------
@@ -118,11 +120,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise BadInputError(f"--cache-entries {args.cache_entries}: must be at least 1")
     if args.cache_mib is not None and args.cache_mib < 1:
         raise BadInputError(f"--cache-mib {args.cache_mib}: must be at least 1")
-    engine = _engine(args)
+    cache: dict[str, int] = {}
     if args.cache_entries is not None:
-        engine.prefix_cache.max_entries = args.cache_entries
+        cache["prefix_cache_entries"] = args.cache_entries
     if args.cache_mib is not None:
-        engine.prefix_cache.max_bytes = args.cache_mib * 2**20
+        cache["prefix_cache_bytes"] = args.cache_mib * 2**20
+    engine = build_engine(args, **cache)
     warm_up(engine)
     # The model and the libraries are loaded for good: keep the collector from walking
     # their objects again, during requests and at exit.
@@ -189,7 +192,7 @@ def _complete_here(args: argparse.Namespace, doc: Any, line: int, col: int) -> d
     from .prompting import display_path
 
     settings, _ = _settings(args, strict=True)
-    completer = Completer(_engine(args), sampling_params(args))
+    completer = Completer(build_engine(args), sampling_params(args))
     pos = doc.resolve(line, col, "utf-32")
     cursor = doc.cursor(
         pos,
@@ -293,21 +296,6 @@ def _settings(args: argparse.Namespace, *, strict: bool) -> tuple[config.Setting
     for m in messages + more:
         log.warning("%s", m)
     return settings, messages + more
-
-
-def _engine(args: argparse.Namespace) -> Any:
-    if not args.tiny_model:
-        return build_engine(args)
-    from specd import Engine
-    from specd.tiny import tiny_target
-
-    return Engine(
-        tiny_target(logit_scale=8.0),
-        drafter=args.drafter,
-        verifier=args.verifier,
-        exit_policy=args.exit_policy,
-        max_draft=args.max_draft,
-    )
 
 
 _LANGUAGES = {

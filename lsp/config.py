@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from specd.errors import BadInputError
+from specd import BadInputError
 
 FIM_CHOICES = ("auto", "none", "starcoder", "qwen", "codellama", "deepseek", "codestral")
 

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, BinaryIO, cast
 
-from specd.errors import BadInputError
+from specd import BadInputError
 
 from .rpc import SafeWriter, SpecdProtocol, read_messages
 from .server import Service, SpecdServer

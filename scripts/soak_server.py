@@ -110,7 +110,7 @@ def soak(
 ) -> dict[str, Any]:
     """Run the soak. :returns: the report (see ``failures`` for what went wrong)."""
     rng = random.Random(seed)
-    server = _Server([*SERVER, *(server_args if server_args is not None else ["--tiny-model"])])
+    server = _Server([*SERVER, *(server_args if server_args is not None else ["--model", "tiny"])])
     t_start = time.monotonic()
     next_id = 0
     outstanding: dict[int, str] = {}
@@ -359,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("server_args", nargs="*", help="extra `specd serve` arguments (after --)")
     args = p.parse_args(argv)
-    server_args = ([] if args.real else ["--tiny-model"]) + args.server_args
+    server_args = ([] if args.real else ["--model", "tiny"]) + args.server_args
     report = soak(
         requests=args.requests,
         documents=args.documents,

@@ -7,6 +7,7 @@ request's lookups by name cost a dictionary read; registering or unregistering a
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import weakref
@@ -21,10 +22,10 @@ from .api import Drafter, ExitPolicy, Verifier
 from .errors import BadInputError, UnknownPluginError
 
 #: Set to a comma-separated list of entry-point names to load only those plugins
-#: (``SPECD_LOAD_PLUGINS=""`` loads none, ``builtin`` only specd's own); unset loads every
-#: installed plugin.
+#: (``SPECD_LOAD_PLUGINS=""`` loads none, ``builtin`` every entry point of the specd
+#: distribution itself); unset loads every installed plugin.
 LOAD_PLUGINS_ENV = "SPECD_LOAD_PLUGINS"
-BUILTIN_PREFIX = "specd.plugins."
+DISTRIBUTION = "specd"
 
 _pm: pluggy.PluginManager | None = None
 log = logging.getLogger("specd.plugins")
@@ -75,7 +76,7 @@ def get_plugin_manager() -> pluggy.PluginManager:
             if pm.has_plugin(ep.name) or pm.is_blocked(ep.name):
                 continue
             if wanted is not None:
-                builtin = "builtin" in wanted and ep.value.startswith(BUILTIN_PREFIX)
+                builtin = "builtin" in wanted and _ships_with_specd(ep)
                 if not (builtin or ep.name in wanted):
                     continue
             try:
@@ -84,6 +85,12 @@ def get_plugin_manager() -> pluggy.PluginManager:
                 _report(f"plugin {ep.name!r} ({ep.value}) failed to load and is skipped", exc)
         _pm = pm
     return _pm
+
+
+def _ships_with_specd(ep: Any) -> bool:
+    """Whether an entry point belongs to the specd distribution itself."""
+    dist = getattr(ep, "dist", None)
+    return dist is not None and (dist.name or "").lower() == DISTRIBUTION
 
 
 _reported: set[str] = set()
@@ -169,6 +176,23 @@ def _collect(kind: str, pm: pluggy.PluginManager) -> dict[str, PluginInfo]:
         except Exception as exc:  # noqa: BLE001
             _report(f"plugin {impl.plugin_name!r} failed in {hook_name} and is skipped", exc)
     return found
+
+
+def add_commands(
+    subparsers: argparse._SubParsersAction, pm: pluggy.PluginManager | None = None
+) -> None:
+    """Let every plugin add its subcommands to the ``specd`` command line
+    (``specd_register_commands``). A plugin whose hook raises, or that takes a command
+    name already in use, is logged and skipped; the other commands still work."""
+    pm = pm or get_plugin_manager()
+    for impl in pm.hook.specd_register_commands.get_hookimpls():
+        try:
+            impl.function(subparsers=subparsers)
+        except Exception as exc:  # noqa: BLE001
+            _report(
+                f"plugin {impl.plugin_name!r} failed in specd_register_commands and is skipped",
+                exc,
+            )
 
 
 def list_plugins(pm: pluggy.PluginManager | None = None) -> dict[str, list[dict[str, str]]]:

@@ -117,3 +117,48 @@ def test_registrations_are_collected_once_per_plugin_set(fresh_manager):
     pm.unregister(counting)
     assert "dup" in registry.registered("drafters")  # Fine still registers it
     assert Counting.calls == 2
+
+
+def test_builtin_loads_every_entry_point_of_the_specd_distribution(fresh_manager, monkeypatch):
+    """``builtin`` means what ships in the specd distribution (its plugins and the language
+    server's commands), and nothing another distribution installs, whatever its module."""
+    real = importlib.metadata.entry_points
+    specd_eps = list(real(group="specd"))
+    assert {ep.name for ep in specd_eps} >= {"ngram", "lsp"}
+    outsider = importlib.metadata.EntryPoint("outsider", "specd.plugins.ngram", "specd")
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda **kw: [*specd_eps, outsider])
+    monkeypatch.setenv("SPECD_LOAD_PLUGINS", "builtin")
+    pm = registry.get_plugin_manager()
+    assert pm.has_plugin("lsp") and pm.has_plugin("ngram")
+    assert not pm.has_plugin("outsider")
+
+
+class Commands:
+    @hookimpl
+    def specd_register_commands(self, subparsers):
+        p = subparsers.add_parser("hello", help="say hello")
+        p.set_defaults(func=lambda args: 0)
+
+
+class ClashingCommands:
+    @hookimpl
+    def specd_register_commands(self, subparsers):
+        subparsers.add_parser("generate")
+
+
+def test_plugins_add_commands_and_a_clash_is_skipped(fresh_manager, caplog):
+    from specd.cli import build_parser, main
+
+    pm = registry.get_plugin_manager()
+    pm.register(Commands(), name="commands")
+    pm.register(ClashingCommands(), name="clashing")
+    with caplog.at_level(logging.ERROR, logger="specd.plugins"):
+        parser = build_parser()
+    assert parser.parse_args(["hello"]).func is not None
+    assert main(["hello"]) == 0
+    assert any(
+        "'clashing' failed in specd_register_commands" in r.getMessage() for r in caplog.records
+    )
+    # the core's generate is still the core's
+    assert parser.parse_args(["generate", "x"]).prompt == "x"

@@ -8,8 +8,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from ..cli import EXIT_OK, add_model_args, parse_options
 from ..errors import BadInputError
+from ..options import EXIT_OK, add_model_args, parse_options
 from . import configs as configs_mod
 from . import workloads
 from .harness import RSS_MODES, BenchOptions

@@ -133,7 +133,7 @@ def parse(
             raise BadInputError(f"configuration {name!r} needs --draft-model")
         options = {"model": draft_model, **(draft_options or {})}
     if m["opts"]:
-        from ..cli import parse_options
+        from ..options import parse_options
 
         options.update(parse_options(m["opts"].lstrip("+").split("+")))
     return Config(

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from ..cli import EXIT_CHECK_FAILED, EXIT_OK, parse_options
+from ..options import EXIT_CHECK_FAILED, EXIT_OK, parse_options
 from .results import Result
 
 

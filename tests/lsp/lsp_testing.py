@@ -1,7 +1,7 @@
 """Helpers for the language-server tests (a module, not a conftest, so tests import it).
 
-End-to-end tests start the real server (``specd serve --stdio``) with ``--tiny-model``:
-a tiny random model from ``specd.testing``, so a server starts in seconds and nothing is
+End-to-end tests start the real server (``specd serve --stdio``) with ``--model tiny``:
+a tiny random model (``specd.tiny``), so a server starts in seconds and nothing is
 downloaded. Its completions are random characters; the tests check the protocol, not the
 text.
 """
@@ -19,7 +19,7 @@ from typing import Any
 
 from specd.lsp.client import read_frame
 
-SERVER = [sys.executable, "-m", "specd.cli", "serve", "--stdio", "--tiny-model"]
+SERVER = [sys.executable, "-m", "specd.cli", "serve", "--stdio", "--model", "tiny"]
 # One thread per server: the suite runs several servers at once on few cores.
 SERVER_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 

@@ -24,7 +24,7 @@ def source(tmp_path):
 
 
 def _complete(capsys, *args) -> tuple[int, str, str]:
-    code = main(["complete", *map(str, args), "--tiny-model", "--max-tokens", "8"])
+    code = main(["complete", *map(str, args), "--model", "tiny", "--max-tokens", "8"])
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -57,10 +57,19 @@ def test_complete_bad_config_exits_2_naming_the_field(source, tmp_path, capsys):
     assert code == 2 and "`max-lines`" in err
 
 
+def test_complete_builds_its_engine_with_the_drafter_options(source, capsys):
+    """``complete`` builds the engine the options describe: a drafter option reaches the
+    drafter's constructor (a builder that drops it would complete without complaint)."""
+    code, _, err = _complete(
+        capsys, source, "--line", 4, "--col", 17, "--drafter-option", "no_such_option=1"
+    )
+    assert code == 2 and "no_such_option" in err
+
+
 def test_serve_refuses_a_non_loopback_address(capsys):
-    assert main(["serve", "--tcp", "0.0.0.0:8765", "--tiny-model"]) == 2
+    assert main(["serve", "--tcp", "0.0.0.0:8765", "--model", "tiny"]) == 2
     assert "--allow-remote" in capsys.readouterr().err
-    assert main(["serve", "--tcp", "8765", "--tiny-model"]) == 2
+    assert main(["serve", "--tcp", "8765", "--model", "tiny"]) == 2
 
 
 def test_daemon_serves_complete_and_stats_over_tcp(source, capsys):
@@ -72,7 +81,8 @@ def test_daemon_serves_complete_and_stats_over_tcp(source, capsys):
             "serve",
             "--tcp",
             "127.0.0.1:0",
-            "--tiny-model",
+            "--model",
+            "tiny",
             "--max-tokens",
             "8",
         ],

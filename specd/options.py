@@ -1,0 +1,129 @@
+"""What every ``specd`` subcommand shares: exit codes, the model and decoding options, and
+the one engine builder.
+
+The core's commands and the commands plugins add (``specd_register_commands``) import this
+module; it imports nothing that loads a model until a command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import TYPE_CHECKING, Any
+
+from .errors import BadInputError
+
+if TYPE_CHECKING:
+    from .engine import Engine
+    from .sampling import SamplingParams
+
+#: Exit codes: success, a check failed (``specd verify``), bad usage or bad input.
+EXIT_OK, EXIT_CHECK_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """Options every command that loads a model takes."""
+    g = p.add_argument_group("model")
+    g.add_argument(
+        "--model",
+        default=None,
+        help="alias (default: smollm2-135m), local HF directory, cached hub id, "
+        "or tiny[:SEED] (a tiny random model that writes random characters, for tests)",
+    )
+    g.add_argument(
+        "--dtype",
+        default=None,
+        help="float32 | bfloat16 | float16 (default: float32 on CPU, bfloat16 on CUDA)",
+    )
+    g.add_argument(
+        "--device", default=None, help="cpu | cuda[:N] | mps (default: the best available)"
+    )
+    g.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="allow model code from the model directory (off by default)",
+    )
+
+
+def add_decoding_args(p: argparse.ArgumentParser) -> None:
+    """Options that choose drafter, verifier, policy and sampling."""
+    g = p.add_argument_group("decoding")
+    g.add_argument(
+        "--drafter",
+        default="ngram",
+        help="drafter name, or 'none' for plain decoding (default: ngram)",
+    )
+    g.add_argument(
+        "--drafter-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="drafter constructor option (repeatable)",
+    )
+    g.add_argument(
+        "--verifier",
+        default=None,
+        help="verifier name (default: greedy at temperature 0, else rejection)",
+    )
+    g.add_argument("--exit-policy", default="adaptive", help="exit policy name (default: adaptive)")
+    g.add_argument(
+        "--max-draft", type=int, default=8, help="most draft tokens per step (default: 8)"
+    )
+    g.add_argument("--max-tokens", type=int, default=64)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def parse_options(items: list[str]) -> dict[str, Any]:
+    """``["k=v", ...]`` -> dict, values parsed as JSON where they parse."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise BadInputError(f"option {item!r} is not KEY=VALUE")
+        try:
+            out[key.replace("-", "_")] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key.replace("-", "_")] = value
+    return out
+
+
+def sampling_params(args: argparse.Namespace) -> SamplingParams:
+    """The sampling parameters of :func:`add_decoding_args`' options."""
+    from .sampling import SamplingParams
+
+    return SamplingParams(
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        max_tokens=args.max_tokens,
+        stop=tuple(args.stop),
+    )
+
+
+def build_engine(args: argparse.Namespace, **engine_options: Any) -> Engine:
+    """The engine a command's model and decoding options describe.
+
+    :param args: parsed :func:`add_model_args` and :func:`add_decoding_args` options.
+    :param engine_options: further keyword arguments of :class:`specd.Engine` that the
+        command has options for (``prefix_cache_entries``, ``prefix_cache_bytes``, ...).
+    """
+    from .engine import Engine
+
+    opts = parse_options(args.drafter_option)
+    return Engine.load(
+        args.model,
+        dtype=args.dtype,
+        device=args.device,
+        trust_remote_code=args.trust_remote_code,
+        drafter=args.drafter,
+        verifier=args.verifier,
+        exit_policy=args.exit_policy,
+        max_draft=args.max_draft,
+        drafter_options={args.drafter: opts} if opts else None,
+        **engine_options,
+    )
