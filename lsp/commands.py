@@ -188,17 +188,12 @@ def cmd_complete(args: argparse.Namespace) -> int:
 
 
 def _complete_here(args: argparse.Namespace, doc: Any, line: int, col: int) -> dict[str, Any]:
-    from .completer import Completer, CompletionRequest
+    from .completer import Completer, CompletionRequest, cursor_at
     from .prompting import display_path
 
     settings, _ = _settings(args, strict=True)
     completer = Completer(build_engine(args), sampling_params(args))
-    pos = doc.resolve(line, col, "utf-32")
-    cursor = doc.cursor(
-        pos,
-        before_chars=settings.prefix_tokens * 8,
-        after_chars=max(settings.suffix_tokens * 8, 400),
-    )
+    cursor = cursor_at(doc, doc.resolve(line, col, "utf-32"), settings)
     request = CompletionRequest(cursor, display_path(doc.uri), settings, uri=doc.uri)
     return completer.complete(request).as_json()
 

@@ -18,11 +18,24 @@ from specd import Engine, SamplingParams, Stats
 
 from . import postprocess, prompting
 from .config import Settings
-from .documents import Cursor, Document
+from .documents import Cursor, Document, Position
 from .metrics import Metrics
 from .workspace import WorkspaceIndex
 
 log = logging.getLogger(__name__)
+
+#: Text after the cursor copied out whatever the suffix budget: post-processing reads it
+#: so that a completion does not repeat what follows the cursor.
+MIN_AFTER_CHARS = 400
+
+
+def cursor_at(doc: Document, pos: Position, settings: Settings) -> Cursor:
+    """The text around ``pos`` that a completion with these settings may use."""
+    return doc.cursor(
+        pos,
+        before_chars=settings.prefix_tokens * prompting.CHARS_PER_TOKEN,
+        after_chars=max(settings.suffix_tokens * prompting.CHARS_PER_TOKEN, MIN_AFTER_CHARS),
+    )
 
 
 @dataclass
@@ -152,7 +165,8 @@ class Completer:
                 if req.workspace is not None:
                     ids = req.workspace.head_tokens(doc, s.context_tokens)
                 else:
-                    ids = self.vocab.encode(doc.head(s.context_tokens * 8))[: s.context_tokens]
+                    head = doc.head(s.context_tokens * prompting.CHARS_PER_TOKEN)
+                    ids = self.vocab.encode(head)[: s.context_tokens]
                 if ids:
                     others.append(
                         prompting.ContextDocument(

@@ -17,9 +17,6 @@ import msgspec
 
 from specd import BadInputError
 
-FIM_CHOICES = ("auto", "none", "starcoder", "qwen", "codellama", "deepseek", "codestral")
-
-Positive = Annotated[int, msgspec.Meta(ge=1)]
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 
 
@@ -55,8 +52,6 @@ class Settings(
     #: put document text in debug logs (off: logs carry sizes and ids, never code)
     log_code: bool = False
 
-
-DEFAULTS = Settings()
 
 _FIELD_IN_PATH = re.compile(r"at `\$\.([^`.\[]+)")
 _UNKNOWN_FIELD = re.compile(r"unknown field `([^`]+)`")

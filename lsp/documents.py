@@ -162,10 +162,6 @@ class Document:
         col = to_index(text, character, encoding)
         return Position(line, col, clamped=from_index(text, col, encoding) != character)
 
-    def position_of(self, line: int, column: int, encoding: str = UTF16) -> tuple[int, int]:
-        """The LSP (line, character) of a code-point position."""
-        return line, from_index(strip_eol(self._lines[line]), column, encoding)
-
     def apply_change(
         self,
         text: str,

@@ -20,6 +20,9 @@ from urllib.parse import unquote, urlparse
 from .documents import Cursor
 
 PREFIX_ONLY = "prefix-only"
+#: Characters per token assumed when text is cut before it is tokenized: code tokenizers
+#: average well under this, so the cut text holds the tokens a budget asks for.
+CHARS_PER_TOKEN = 8
 # Cut the start of an over-long prefix in steps this big, so the cut does not move (and
 # invalidate the prefix cache) on every keystroke.
 CUT_STEP = 64
@@ -32,7 +35,6 @@ class Template:
     :param order: ``psm`` (prefix, suffix, middle) or ``sp`` (suffix then prefix, no
         middle token: Mistral's format).
     :param file_sep: the token that starts a file in a repository-level prompt, if any.
-    :param repo_name: the token that names the repository, if any.
     :param stop: tokens that end the middle (besides the model's EOS).
     :param bos: whether the prompt starts with the tokenizer's BOS token.
     """
@@ -43,7 +45,6 @@ class Template:
     middle: str | None
     order: str = "psm"
     file_sep: str | None = None
-    repo_name: str | None = None
     stop: tuple[str, ...] = ()
     bos: bool = False
 
@@ -59,7 +60,6 @@ TEMPLATES: dict[str, Template] = {
         "<fim_suffix>",
         "<fim_middle>",
         file_sep="<file_sep>",
-        repo_name="<repo_name>",
         stop=("<|endoftext|>", "<file_sep>", "<fim_prefix>", "<fim_suffix>", "<fim_middle>"),
     ),
     "qwen": Template(
@@ -68,7 +68,6 @@ TEMPLATES: dict[str, Template] = {
         "<|fim_suffix|>",
         "<|fim_middle|>",
         file_sep="<|file_sep|>",
-        repo_name="<|repo_name|>",
         stop=(
             "<|endoftext|>",
             "<|fim_pad|>",

@@ -29,7 +29,7 @@ from pygls.lsp.server import LanguageServer
 from specd import Engine, SamplingParams, __version__
 
 from . import convert
-from .completer import Completer, CompletionRequest, CompletionResult
+from .completer import Completer, CompletionRequest, CompletionResult, cursor_at
 from .config import Settings, overlay
 from .documents import UTF16, DocumentStore
 from .metrics import Metrics
@@ -222,9 +222,7 @@ class SpecdServer(LanguageServer):
         pos = doc.resolve(position.line, position.character, self.encoding)
         if pos.clamped:
             self.service.metrics.count("clamped_positions")
-        cursor = doc.cursor(
-            pos, before_chars=s.prefix_tokens * 8, after_chars=max(s.suffix_tokens * 8, 400)
-        )
+        cursor = cursor_at(doc, pos, s)
         others = sorted(self.documents.others(uri), key=lambda d: d.language_id != doc.language_id)
         request = CompletionRequest(
             cursor,

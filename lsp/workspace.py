@@ -16,7 +16,7 @@ from collections.abc import Callable
 from specd import CorpusIndex
 
 from .documents import Document
-from .prompting import scrub
+from .prompting import CHARS_PER_TOKEN, scrub
 
 ACCEPTED = "specd:accepted"  # the index document holding accepted completions
 
@@ -121,8 +121,7 @@ class WorkspaceIndex:
         cached = self._tokens.get(doc.uri)
         if cached is not None and cached[0] is doc.lines:
             return cached[1][:limit]
-        # 8 characters per token covers code tokenizers with room to spare.
-        return self.encode(doc.head(limit * 8))[:limit]
+        return self.encode(doc.head(limit * CHARS_PER_TOKEN))[:limit]
 
     def encode(self, text: str) -> list[int]:
         return self._encode(scrub(text))

@@ -5,7 +5,6 @@ from .draft import Draft, Verdict
 from .engine import Engine
 from .errors import (
     BadInputError,
-    Cancelled,
     ModelNotFoundError,
     PluginError,
     SpecdError,
@@ -22,7 +21,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BadInputError",
-    "Cancelled",
     "Completion",
     "CorpusIndex",
     "Delta",

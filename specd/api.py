@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
@@ -39,7 +39,6 @@ class DraftContext:
     exit_policy: ExitPolicy | None = None
     hidden: torch.Tensor | None = None
     cache: KVCache | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def keep_drafting(self, position: int, confidence: float) -> bool:
         """Ask the exit policy whether to draft position ``position`` (0-based) after a

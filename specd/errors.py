@@ -21,7 +21,3 @@ class UnknownPluginError(BadInputError):
 
 class PluginError(SpecdError):
     """A plugin raised, returned garbage, or overran its time budget."""
-
-
-class Cancelled(SpecdError):
-    """The request was cancelled before it finished."""

@@ -44,7 +44,6 @@ class Health:
     timeouts: int = 0
     disabled: bool = False
     logged: bool = False
-    last_error: str = ""
 
 
 class PluginFailed(Exception):
@@ -197,7 +196,6 @@ class PluginGuard:
         """Record a failure of plugin ``key``."""
         h = self.health(key)
         h.failures += 1
-        h.last_error = f"{type(exc).__name__}: {exc}"
         if not h.logged:
             h.logged = True
             log.error(

@@ -11,7 +11,6 @@ import argparse
 import logging
 import os
 import weakref
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -231,6 +230,3 @@ def verifier_class(name: str) -> type[Verifier]:
 
 def exit_policy_class(name: str) -> type[ExitPolicy]:
     return _lookup("exit_policies", name)
-
-
-RegisterFn = Callable[[type], None]
