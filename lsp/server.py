@@ -1,8 +1,8 @@
 """The language server: LSP methods in, completions out.
 
 One :class:`SpecdServer` serves one client connection (an editor over stdio, or one TCP
-connection to the daemon); the :class:`Service` it is given is shared by all of them and
-holds the model, loaded once, and the single generation worker. Handlers are short
+connection to the daemon); the :class:`~.service.Service` it is given is shared by all of
+them and holds the model, loaded once, and the single generation worker. Handlers are short
 recipes: turn LSP params into a domain request (:mod:`.convert`, :mod:`.documents`), run
 it (:mod:`.completer` on the worker), turn the result back.
 
@@ -15,7 +15,6 @@ partial results), ``workspace/didChangeConfiguration``, ``workspace/executeComma
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import uuid
 from collections import OrderedDict
@@ -26,16 +25,16 @@ from lsprotocol import types
 from pygls.exceptions import FeatureRequestError
 from pygls.lsp.server import LanguageServer
 
-from specd import Engine, SamplingParams, __version__
+from specd import __version__
 
 from . import convert
-from .completer import Completer, CompletionRequest, CompletionResult, cursor_at
-from .config import Settings, overlay
+from .completer import CompletionRequest, CompletionResult, cursor_at
+from .config import overlay
 from .documents import UTF16, DocumentStore
-from .metrics import Metrics
 from .prompting import display_path
 from .rpc import SpecdProtocol
-from .scheduler import Job, Worker
+from .scheduler import Job
+from .service import Service
 from .workspace import WorkspaceIndex
 
 log = logging.getLogger(__name__)
@@ -44,56 +43,6 @@ ACCEPT_COMMAND = "specd.accepted"
 STATS_METHOD = "specd/stats"
 COMPLETE_METHOD = "specd/complete"
 RECENT_COMPLETIONS = 64
-
-
-class Service:
-    """What every session shares: one engine, one generation worker, the metrics, and the
-    settings read from the settings file.
-
-    :param params: base sampling parameters for completions.
-    :param settings: defaults for every session (from the TOML file).
-    :param settings_messages: problems found in the file, shown to each client.
-    """
-
-    def __init__(
-        self,
-        engine: Engine,
-        params: SamplingParams | None = None,
-        *,
-        settings: Settings | None = None,
-        settings_messages: list[str] | None = None,
-    ) -> None:
-        self.engine = engine
-        self.metrics = Metrics()
-        self.completer = Completer(engine, params, self.metrics)
-        self.worker = Worker(
-            on_start=self.metrics.generation_started, on_end=self.metrics.generation_ended
-        )
-        self.settings = settings or Settings()
-        self.settings_messages = list(settings_messages or [])
-        #: document text may appear in debug logs (any session's ``log-code`` turns it on)
-        self.log_code = self.settings.log_code
-        self._session_ids = itertools.count(1)
-        self._failures: set[str] = set()
-
-    def new_session_id(self) -> int:
-        return next(self._session_ids)
-
-    def failed(self, exc: BaseException) -> None:
-        """A completion raised: log it with its traceback the first time per kind."""
-        self.metrics.count("errors")
-        kind = type(exc).__name__
-        if kind not in self._failures:
-            self._failures.add(kind)
-            log.error("a completion failed; answering with no completion", exc_info=exc)
-        else:
-            log.debug("a completion failed again (%s)", kind)
-
-    def stats(self) -> dict[str, Any]:
-        return self.metrics.snapshot(self.engine.prefix_cache)
-
-    def close(self) -> None:
-        self.worker.stop()
 
 
 class SpecdServer(LanguageServer):

@@ -6,7 +6,8 @@ import asyncio
 import logging
 
 from lsprotocol import types
-from specd.lsp.server import Service, SpecdServer
+from specd.lsp.server import SpecdServer
+from specd.lsp.service import Service
 
 from specd import Engine
 from specd.tiny import tiny_target
@@ -28,7 +29,7 @@ def test_a_failing_completion_is_logged_once_and_answers_empty(caplog):
             second = await ls.complete(ls.request("file:///w/a.py", types.Position(0, 4)))
             return first, second
 
-        with caplog.at_level(logging.DEBUG, logger="specd.lsp.server"):
+        with caplog.at_level(logging.DEBUG, logger="specd.lsp"):
             first, second = asyncio.run(twice())
         assert first.text == second.text == ""
         assert service.metrics.errors == 2
