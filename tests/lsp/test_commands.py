@@ -72,7 +72,11 @@ def test_serve_refuses_a_non_loopback_address(capsys):
     assert main(["serve", "--tcp", "8765", "--model", "tiny"]) == 2
 
 
-def test_daemon_serves_complete_and_stats_over_tcp(source, capsys):
+def test_daemon_serves_complete_and_stats_over_tcp(source, tmp_path, capsys):
+    # Both sides compare the whole completion, so neither may be cut by the time budget
+    # (a loaded machine can spend the default 2 s on a first request).
+    config = tmp_path / "untimed.toml"
+    config.write_text("time-budget-ms = 600000\n")
     daemon = subprocess.Popen(
         [
             sys.executable,
@@ -85,6 +89,8 @@ def test_daemon_serves_complete_and_stats_over_tcp(source, capsys):
             "tiny",
             "--max-tokens",
             "8",
+            "--config",
+            str(config),
         ],
         stderr=subprocess.PIPE,
         text=True,
@@ -98,7 +104,7 @@ def test_daemon_serves_complete_and_stats_over_tcp(source, capsys):
                 break
         else:
             raise AssertionError("the daemon did not start")
-        local = _complete(capsys, source, "--line", 4, "--col", 17, "--json")
+        local = _complete(capsys, source, "--line", 4, "--col", 17, "--json", "--config", config)
         remote = _complete(capsys, source, "--line", 4, "--col", 17, "--json", "--server", address)
         again = _complete(
             capsys, source, "--line", 4, "--col", 17, "--json", "--server", address
