@@ -12,17 +12,9 @@ from collections import deque
 from typing import Any
 
 from specd import Stats
+from specd.stats import percentile
 
 CANCEL_REASONS = ("client", "superseded", "changed", "shutdown")
-
-
-def percentile(samples: list[float], q: float) -> float:
-    """Nearest-rank percentile (``q`` in [0, 100]) of unsorted samples; 0.0 when empty."""
-    if not samples:
-        return 0.0
-    ordered = sorted(samples)
-    rank = max(1, min(len(ordered), -(-len(ordered) * q // 100)))
-    return ordered[int(rank) - 1]
 
 
 class Metrics:
@@ -132,18 +124,7 @@ class Metrics:
                     ],
                     "histogram": {str(k + 1): n for k, n in enumerate(self._histogram) if n},
                 },
-                "latency": {
-                    "ttft_s": {
-                        "p50": percentile(ttft, 50),
-                        "p95": percentile(ttft, 95),
-                        "n": len(ttft),
-                    },
-                    "tpot_s": {
-                        "p50": percentile(tpot, 50),
-                        "p95": percentile(tpot, 95),
-                        "n": len(tpot),
-                    },
-                },
+                "latency": {"ttft_s": _latency(ttft), "tpot_s": _latency(tpot)},
                 "prefix_cache": {
                     "lookups": lookups,
                     "hits": hits,
@@ -155,6 +136,15 @@ class Metrics:
                     else 0.0,
                 },
             }
+
+
+def _latency(samples: list[float]) -> dict[str, Any]:
+    """p50, p95 and the sample count; the percentiles read 0.0 before any sample."""
+    return {
+        "p50": percentile(samples, 50) or 0.0,
+        "p95": percentile(samples, 95) or 0.0,
+        "n": len(samples),
+    }
 
 
 def _add(into: list[int], values: list[int]) -> None:

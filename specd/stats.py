@@ -1,8 +1,31 @@
-"""Per-request statistics, with the JSON field names other tools rely on."""
+"""Per-request statistics, with the JSON field names other tools rely on, and the one
+percentile every report uses."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
+
+
+def percentile(values: Iterable[float], q: float) -> float | None:
+    """The ``q``-th percentile (``q`` in [0, 100]) of ``values``, in any order; None when
+    there are none.
+
+    Linear interpolation between the two nearest ranks (numpy's default, method 7 of
+    Hyndman and Fan): with the n values sorted as x[0] <= ... <= x[n-1], the percentile
+    sits at fractional index h = (n - 1) * q / 100 and is
+    x[floor(h)] + (h - floor(h)) * (x[floor(h) + 1] - x[floor(h)]). So q = 0 is the
+    minimum, q = 100 the maximum, and q = 50 the usual median.
+    """
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile q must be in [0, 100], got {q}")
+    xs = sorted(values)
+    if not xs:
+        return None
+    h = (len(xs) - 1) * q / 100
+    lo = int(h)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (h - lo) * (xs[hi] - xs[lo])
 
 
 @dataclass

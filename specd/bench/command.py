@@ -70,7 +70,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         draft_options=draft_options,
     )
     from .harness import run
-    from .report import markdown, plot
+    from .render import markdown, plot
 
     report = run(
         args.workload, prompts, cfgs, target, spec, opts, skipped=skipped, draft_lm=draft_lm

@@ -24,8 +24,9 @@ from . import floor as floor_mod
 from . import prefix as prefix_mod
 from .configs import REFERENCES, Config
 from .probe import PROBE_ENV, TargetSpec, job
-from .report import aggregate, check_targets
+from .report import aggregate
 from .runners import Run, Runner
+from .targets import check_targets
 from .workloads import Prompt
 
 log = logging.getLogger(__name__)

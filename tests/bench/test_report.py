@@ -1,4 +1,5 @@
-"""The report's JSON contract, its ratios and its identical rate, on a tiny random model."""
+"""The report's JSON contract, its ratios and its identical rate, on a tiny random model;
+its figures and its targets from known inputs."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import json
 
 import pytest
 
+from specd.bench import render, targets
 from specd.bench import report as report_mod
+from specd.bench.configs import Config
 from specd.bench.runners import Run
 
 CONTRACT = (
@@ -96,7 +99,10 @@ def test_acceptance_fields(report):
     assert by["hf-plain"]["mean_acceptance_length"] == pytest.approx(1.0)
     for name in ("specd-ngram-fixed-k4", "specd-ngram-adaptive-k8", "specd-early_exit-fixed-k4"):
         r = by[name]
-        assert r["mean_acceptance_length"] >= 1.0
+        assert r["mean_acceptance_length"] == pytest.approx(r["new_tokens"] / r["target_steps"])
+        # a step emits its accepted draft tokens and one of the target's, or fewer at the end
+        assert r["new_tokens"] <= r["accepted"] + r["target_steps"]
+        assert r["accepted"] <= r["drafted"]
         assert all(0.0 <= a <= 1.0 for a in r["position_acceptance"])
         assert len(r["position_acceptance"]) <= r["max_draft"]
         hist = r["tokens_per_step"]
@@ -120,11 +126,15 @@ def test_targets_are_checked(report):
     assert any("floor" in n for n in names)
     assert any("identical" in n for n in names)
     for t in report["targets"]:
-        assert t["met"] in (True, False, None)
+        if t["value"] is None:
+            assert t["met"] is None, t
+        else:
+            higher = t["higher_is_better"]
+            assert t["met"] == (t["value"] >= t["goal"] if higher else t["value"] <= t["goal"]), t
 
 
 def test_markdown_has_a_row_per_config(report):
-    md = report_mod.markdown(report)
+    md = render.markdown(report)
     for r in report["results"]:
         assert f"| {r['config']} |" in md
     assert "Floor" in md and "Prefix cache" in md
@@ -132,7 +142,7 @@ def test_markdown_has_a_row_per_config(report):
 
 def test_plot_writes_a_png(report, tmp_path):
     out = tmp_path / "bench.png"
-    report_mod.plot(report, str(out))
+    render.plot(report, str(out))
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -161,7 +171,100 @@ def test_token_gaps_and_histogram():
     assert report_mod.tokens_per_step([r]) == {"1": 3, "3": 1}
 
 
-def test_percentile():
-    assert report_mod.percentile([], 50) is None
-    assert report_mod.percentile([3.0, 1.0, 2.0], 50) == 2.0
-    assert report_mod.percentile([0.0, 10.0], 95) == pytest.approx(9.5)
+def test_summary_figures_from_known_runs():
+    """Two prompts with known events and counts: every figure is the sum over prompts
+    divided as documented, not a mean of per-prompt ratios."""
+    cfg = Config("specd-ngram-fixed-k4", "specd", drafter="ngram", exit_policy="fixed", max_draft=4)
+    a = _run([1] * 7, [(0.4, 1), (0.1, 3), (0.2, 3)])
+    a.drafted, a.accepted = 6, 4
+    a.position_drafted, a.position_accepted = [3, 2, 1], [2, 1, 1]
+    b = _run([2] * 4, [(0.3, 1), (0.2, 3)])  # the last step cut by max tokens
+    b.steps, b.drafted, b.accepted = 2, 4, 3
+    b.position_drafted, b.position_accepted = [2, 1, 1], [2, 1, 0]
+    row = report_mod.summarize(cfg, [a, b])
+    assert row["new_tokens"] == 11 and row["target_steps"] == 5
+    # 11 tokens in 5 target steps; not (7/3 + 4/2) / 2, nor 1 + 7 accepted / 5 steps
+    assert row["mean_acceptance_length"] == pytest.approx(11 / 5)
+    assert row["tokens_per_s"] == pytest.approx(11 / 1.2)
+    assert row["decode_tokens_per_s"] == pytest.approx((6 + 3) / (0.3 + 0.2))
+    assert row["ttft_s"] == pytest.approx(0.35)  # the median of 0.4 and 0.3
+    gaps = [0.1 / 3] * 3 + [0.2 / 3] * 6
+    assert row["tpot_p50_s"] == pytest.approx(gaps[4])
+    assert row["tpot_p95_s"] == pytest.approx(gaps[7] + 0.6 * (gaps[8] - gaps[7]))
+    assert row["position_acceptance"] == pytest.approx([4 / 5, 2 / 3, 1 / 2])
+    assert (row["drafted"], row["accepted"]) == (10, 7)
+    assert row["acceptance_rate"] == pytest.approx(0.7)
+    assert row["tokens_per_step"] == {"1": 2, "3": 3}
+
+
+def _result(config, drafter, **figures):
+    return {"config": config, "kind": "specd", "drafter": drafter, **figures}
+
+
+def test_targets_from_known_figures():
+    """Each target's value, goal and verdict from a report whose figures are known: the best
+    drafting configuration by tokens/s, the worst identical rate, the worst RSS, and
+    lower-is-better targets met only at or below their goal."""
+    report = {
+        "machine": {"dtype": "float32", "weight_bytes": 200 * 2**20},
+        "rss_method": "inprocess",
+        "floor": {"floor_s": 0.010, "step_s": 0.025, "step_min_s": 0.015, "context": 64},
+        "results": [
+            {"config": "hf-plain", "kind": "hf", "drafter": None, "tokens_per_s": 9.0},
+            _result(
+                "specd-plain",
+                "none",
+                tokens_per_s=10.0,
+                tpot_p50_s=0.030,
+                identical_rate=1.0,
+                peak_rss_mb=300.0,
+            ),
+            _result(
+                "specd-ngram-a",
+                "ngram",
+                tokens_per_s=30.0,
+                speedup_vs_hf_plain=3.5,
+                speedup_vs_hf_prompt_lookup=1.5,
+                decode_speedup_vs_hf_plain=None,
+                identical_rate=1.0,
+                identical_rate_vs_specd_plain=0.995,
+                peak_rss_mb=500.0,
+            ),
+            _result(
+                "specd-ngram-b",
+                "ngram",
+                tokens_per_s=20.0,
+                speedup_vs_hf_plain=2.0,
+                speedup_vs_hf_prompt_lookup=1.9,
+                identical_rate=0.95,
+                identical_rate_vs_specd_plain=1.0,
+                peak_rss_mb=400.0,
+            ),
+        ],
+    }
+    assert (targets.TARGET_STEP_VS_FLOOR, targets.TARGET_RSS_VS_WEIGHTS) == (2.0, 2.0)
+    STEP, RSS = 2.0, 2.0  # the figures above sit on either side of these goals
+    got = [(t["target"], t["value"], t["goal"], t["met"]) for t in targets.check_targets(report)]
+    assert got == [
+        ("best specd vs HF plain (x)", 3.5, targets.TARGET_VS_HF_PLAIN, True),
+        ("best specd vs HF prompt lookup (x)", 1.5, targets.TARGET_VS_HF_PROMPT_LOOKUP, False),
+        ("best specd vs HF plain, decode only (x)", None, targets.TARGET_VS_HF_PLAIN, None),
+        ("specd plain step / memory floor", pytest.approx(3.0), STEP, False),
+        ("target forward step / memory floor", pytest.approx(2.5), STEP, False),
+        ("fastest target forward step / memory floor", pytest.approx(1.5), STEP, True),
+        (
+            "token-identical rate vs HF greedy (worst specd config)",
+            0.95,
+            targets.TARGET_IDENTICAL,
+            False,
+        ),
+        (
+            "token-identical rate vs specd plain greedy (worst drafting config)",
+            0.995,
+            targets.TARGET_IDENTICAL,
+            True,
+        ),
+        ("peak RSS / weights (worst specd config)", pytest.approx(2.5), RSS, False),
+    ]
+    notes = {t["target"]: t["note"] for t in targets.check_targets(report)}
+    assert notes["best specd vs HF plain (x)"] == "specd-ngram-a"

@@ -10,7 +10,7 @@ import pytest
 from specd.lsp.completer import Completer, CompletionRequest
 from specd.lsp.config import Settings
 from specd.lsp.documents import Document
-from specd.lsp.metrics import Metrics, percentile
+from specd.lsp.metrics import Metrics
 from specd.lsp.scheduler import Job, Worker
 from specd.lsp.workspace import ACCEPTED, WorkspaceIndex
 
@@ -126,12 +126,6 @@ def test_metrics_aggregate_acceptance_and_latency():
     assert snap["latency"]["ttft_s"]["p50"] == 0.1
     assert snap["prefix_cache"]["reused_fraction"] == 0.8
     assert "text" not in str(snap) or "x" not in snap.values()
-
-
-def test_percentile():
-    assert percentile([], 50) == 0.0
-    assert percentile([3, 1, 2], 50) == 2
-    assert percentile(list(range(1, 101)), 95) == 95
 
 
 # -- the generation worker --------------------------------------------------------------------
