@@ -3,6 +3,8 @@ server (the completion pipeline runs a tiny random model in-process)."""
 
 from __future__ import annotations
 
+import json
+import logging
 import threading
 import time
 
@@ -11,6 +13,7 @@ from specd.lsp.completer import Completer, CompletionRequest
 from specd.lsp.config import Settings
 from specd.lsp.documents import Document
 from specd.lsp.metrics import Metrics
+from specd.lsp.rpc import RedactPayloads
 from specd.lsp.scheduler import Job, Worker
 from specd.lsp.workspace import ACCEPTED, WorkspaceIndex
 
@@ -125,7 +128,42 @@ def test_metrics_aggregate_acceptance_and_latency():
     assert acc["histogram"] == {"1": 2, "2": 1, "3": 1}
     assert snap["latency"]["ttft_s"]["p50"] == 0.1
     assert snap["prefix_cache"]["reused_fraction"] == 0.8
-    assert "text" not in str(snap) or "x" not in snap.values()
+
+
+SECRET = "def leaked_secret_fn(): return TOKEN_1234"
+
+
+def test_the_metrics_keep_no_completion_text():
+    """Guards against a snapshot that carries the text shown (a last completion, a sample):
+    only its emptiness is kept."""
+    m = Metrics()
+    m.record(Stats(new_tokens=1, target_steps=1, ttft_s=0.1, total_s=0.1), text="")
+    m.record(Stats(new_tokens=3, target_steps=2, ttft_s=0.1, total_s=0.3), text=SECRET)
+    snap = m.snapshot()
+    assert snap["completed"] == 2 and snap["empty"] == 1
+    dump = json.dumps(snap)
+    assert "leaked_secret_fn" not in dump and "TOKEN_1234" not in dump
+
+
+def test_pygls_message_bodies_are_redacted_unless_code_is_allowed(caplog):
+    """Guards against message bodies (which hold the document) reaching the logs: pygls logs
+    each message it reads with the body as an argument."""
+    allow_code = False
+    logger = logging.getLogger("pygls.protocol.json_rpc")
+    body = json.dumps({"params": {"textDocument": {"text": SECRET}}})
+    redact = RedactPayloads(lambda: not allow_code)
+    caplog.handler.addFilter(redact)
+    try:
+        with caplog.at_level(logging.DEBUG, logger="pygls"):
+            logger.debug("Received %s for %s", body, "textDocument/didOpen")
+            allow_code = True
+            logger.debug("Received %s for %s", body, "textDocument/didOpen")
+    finally:
+        caplog.handler.removeFilter(redact)
+    hidden, shown = caplog.records[-2:]
+    assert "leaked_secret_fn" not in hidden.getMessage()
+    assert "textDocument/didOpen" in hidden.getMessage()  # methods and ids stay readable
+    assert "leaked_secret_fn" in shown.getMessage()  # log-code = true
 
 
 # -- the generation worker --------------------------------------------------------------------
@@ -251,6 +289,16 @@ def test_time_budget_ends_a_request(completer):
         _request(doc, 0, 4, settings=Settings(max_tokens=50_000, time_budget_ms=200))
     )
     assert result.finish_reason == "time" and result.stats.new_tokens < 50_000
+
+
+def test_a_completion_leaves_no_document_text_in_metrics_or_logs(completer, caplog):
+    """Guards against the pipeline logging or counting the code it completes."""
+    doc = Document("file:///w/main.py", f"{SECRET}\nx = ")
+    with caplog.at_level(logging.DEBUG):
+        result = completer.complete(_request(doc, 1, 4))
+    assert result.stats.prompt_tokens > len(SECRET)  # the secret was in the prompt
+    assert not [r for r in caplog.records if "leaked_secret_fn" in r.getMessage()]
+    assert "leaked_secret_fn" not in json.dumps(completer.metrics.snapshot())
 
 
 def test_lone_surrogates_in_a_document(completer):
