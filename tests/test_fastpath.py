@@ -1,4 +1,5 @@
-"""The lean forward computes what the model's own forward computes."""
+"""The lean forward computes what the model's own forward computes, and a token tree is
+attended the way the tree says, on both paths."""
 
 from __future__ import annotations
 
@@ -63,6 +64,63 @@ def test_fast_forward_equals_the_model_forward(arch, prompt, fed, rnd, tree):
         outs.append((logits, early))
     torch.testing.assert_close(outs[0][0], outs[1][0], rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(outs[0][1], outs[1][1], rtol=1e-10, atol=1e-10)
+
+
+def reference_tree_logits(model, prompt, fed, parents) -> torch.Tensor:
+    """The model's own forward, without a cache, over prompt + tree, with a 4D additive mask
+    and position ids built here from the tree: node i sees the prompt, its ancestors and
+    itself, and sits at position len(prompt) + (its depth below the root)."""
+    n_prompt, n = len(prompt), len(prompt) + len(fed)
+    visible: list[set[int]] = []
+    depth: list[int] = []
+    for i, p in enumerate(parents):
+        visible.append({i} | (visible[p] if p >= 0 else set()))
+        depth.append(depth[p] + 1 if p >= 0 else 0)
+    allowed = torch.zeros(n, n, dtype=torch.bool)
+    for i in range(n_prompt):
+        allowed[i, : i + 1] = True
+    for i, seen in enumerate(visible):
+        allowed[n_prompt + i, :n_prompt] = True
+        allowed[n_prompt + i, [n_prompt + j for j in seen]] = True
+    dtype = next(model.parameters()).dtype
+    mask = torch.zeros(n, n, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+    positions = list(range(n_prompt)) + [n_prompt + d for d in depth]
+    with torch.inference_mode():
+        out = model(
+            torch.tensor([prompt + fed]),
+            attention_mask=mask[None, None],  # [1, 1, n, n]
+            position_ids=torch.tensor([positions]),
+        )
+    return out.logits[0, n_prompt:]  # [T, V]
+
+
+@settings(max_examples=25)
+@given(
+    arch=st.sampled_from(sorted(MODELS)),
+    prompt=st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=20),
+    fed=st.lists(st.integers(0, VOCAB - 1), min_size=2, max_size=8),
+    rnd=st.randoms(use_true_random=False),
+)
+def test_tree_forward_equals_the_models_forward_with_an_explicit_mask(arch, prompt, fed, rnd):
+    """Guards against a tree mask or tree positions that both paths share being wrong (a
+    node seeing only its parent, a sibling, or chain positions): the reference is built
+    here, and for each node checked once more against a plain forward over its own path."""
+    model = MODELS[arch]
+    parents = [-1] + [rnd.randrange(-1, i) for i in range(1, len(fed))]
+    want = reference_tree_logits(model, prompt, fed, parents)
+    for i in rnd.sample(range(len(fed)), 2):  # the reference itself: node i's path, no mask
+        path = [i]
+        while parents[path[-1]] >= 0:
+            path.append(parents[path[-1]])
+        with torch.inference_mode():
+            alone = model(torch.tensor([prompt + [fed[j] for j in reversed(path)]])).logits[0, -1]
+        torch.testing.assert_close(want[i], alone, rtol=1e-9, atol=1e-9)
+    for fast in (True, False):
+        target = Target(model, CharTokenizer(VOCAB), fast=fast)
+        cache = target.new_cache(capacity=8)
+        target.prefill(cache, prompt)
+        got = target.forward(cache, fed, parents).logits
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9, msg=f"fast={fast}")
 
 
 def test_unsupported_models_use_their_own_forward():
