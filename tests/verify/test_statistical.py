@@ -1,9 +1,16 @@
-"""The torch rejection verifier against its exact law, by sampling.
+"""The torch rejection verifier against its exact law, by sampling: a check of the
+arithmetic, not of the algorithm.
 
 The exact law of (accepted count, emitted tokens) for each synthetic scenario comes from
-running the same walk on rational rows (tests/verify/exact.py); the torch verifier is then
-sampled with fixed seeds and compared per stopping position with G-tests at ALPHA = 1e-6:
-one test of the law of the stopping position, one of the emitted tokens given each position.
+running the same walk code (``RejectionVerifier.walk``) on rational rows
+(tests/verify/exact.py); the torch verifier is then sampled with fixed seeds and compared
+per stopping position with G-tests at ALPHA = 1e-6: one test of the law of the stopping
+position, one of the emitted tokens given each position. Since both sides run one walk, a
+wrong rule in it (a bad threshold, an unnormalised residual) appears on both sides and
+passes here; what this file catches is what only the torch run does: float rows, the
+generator and its uniforms, ``torch.multinomial``, rounding in the residual. Whether the
+walk itself preserves the target's distribution is checked against the law derived from p
+alone, exactly, in tests/verify/test_exact_law.py.
 The negative controls must fail these tests and the black-box check ``specd verify`` runs.
 """
 
