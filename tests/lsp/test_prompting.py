@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from specd.lsp import prompting
 from specd.lsp.documents import Document
@@ -51,12 +49,21 @@ def test_without_fim_tokens_the_prompt_is_the_prefix():
 
 
 def test_default_model_tokenizer_is_prefix_only():
-    path = Path.home() / ".cache/specd/models/smollm2-135m"
-    if not (path / "tokenizer.json").exists():
-        pytest.skip("the default model is not converted here")
+    """Found the way ``specd`` finds it (specd.models, which converts it on first use).
+    Skipped only where the default model's package is not installed: installed but not
+    found is a failure."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    from specd import models
+
+    source = models.ALIASES[models.DEFAULT_MODEL]
+    try:
+        distribution(source.distribution)
+    except PackageNotFoundError:
+        pytest.skip(f"the default model is not installed ({source.install})")
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(path)
+    tok = AutoTokenizer.from_pretrained(models.resolve(models.DEFAULT_MODEL))
     assert (
         choose_template(Vocabulary(lambda s: tok(s, add_special_tokens=False)["input_ids"], tok))
         is None
