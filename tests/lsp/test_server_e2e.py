@@ -1,8 +1,8 @@
 """End to end over stdio with pytest-lsp: the real server, a tiny random model.
 
 The capability is checked first, then the results: ghost text arrives, partial results
-arrive through $/progress, cancellation answers RequestCancelled, and a burst of
-keystrokes never runs two generations at once.
+arrive through $/progress, cancellation answers RequestCancelled, and of a burst of
+requests for one document only the newest ever runs.
 """
 
 from __future__ import annotations
@@ -219,31 +219,67 @@ async def test_a_newer_request_for_the_document_cancels_the_older(client: Langua
         await _configure(client, **{"max-tokens": 24})
 
 
-async def test_burst_of_50_keystrokes_runs_one_generation_at_a_time(client: LanguageClient):
-    uri = "file:///w/burst.py"
+@pytest.mark.parametrize("edits", [True, False], ids=["keystrokes", "re-requests"])
+async def test_a_burst_of_50_requests_starts_one_generation_for_the_document(
+    client: LanguageClient, edits: bool
+):
+    """Guards against a scheduler that lets stale requests run: 50 completion requests for
+    one document (each after a keystroke, or repeated at one position) arrive while the
+    worker is busy with another document; a queued request is superseded by the next one
+    for its document, so exactly one of the 50 starts (the newest), and the other 49 are
+    answered RequestCancelled without running."""
+    uri = f"file:///w/burst-{edits}.py"
     client.text_document_did_open(
         types.DidOpenTextDocumentParams(types.TextDocumentItem(uri, "python", 1, "def f():\n    "))
     )
+    await _configure(client, **{"max-tokens": 4000})
     before = await _stats(client)
-    futures = []
-    for i in range(50):
-        client.text_document_did_change(
-            types.DidChangeTextDocumentParams(
-                types.VersionedTextDocumentIdentifier(version=i + 2, uri=uri),
-                [
-                    types.TextDocumentContentChangePartial(
-                        range=types.Range(types.Position(1, 4 + i), types.Position(1, 4 + i)),
-                        text="x",
+    busy_id = f"busy-{edits}"
+    busy = asyncio.ensure_future(
+        client.protocol.send_request_async(
+            types.TEXT_DOCUMENT_INLINE_COMPLETION, _inline(), msg_id=busy_id
+        )
+    )
+    try:
+        await _wait_running(client)
+        await _configure(client, **{"max-tokens": 24})
+        futures = []
+        for i in range(50):
+            if edits:
+                client.text_document_did_change(
+                    types.DidChangeTextDocumentParams(
+                        types.VersionedTextDocumentIdentifier(version=i + 2, uri=uri),
+                        [
+                            types.TextDocumentContentChangePartial(
+                                range=types.Range(
+                                    types.Position(1, 4 + i), types.Position(1, 4 + i)
+                                ),
+                                text="x",
+                            )
+                        ],
                     )
-                ],
+                )
+            column = 5 + i if edits else 4
+            futures.append(
+                asyncio.ensure_future(
+                    client.text_document_inline_completion_async(_inline(uri, 1, column))
+                )
             )
-        )
-        futures.append(
-            asyncio.ensure_future(
-                client.text_document_inline_completion_async(_inline(uri, 1, 5 + i))
-            )
-        )
-        await asyncio.sleep(0)  # let it go out before the next keystroke
+            await asyncio.sleep(0)  # let it go out before the next one
+        # every request has reached the worker's queue before the busy generation ends
+        for _ in range(1000):
+            if (await _stats(client))["requests"] - before["requests"] == 51:
+                break
+            await asyncio.sleep(0.005)
+        else:
+            raise AssertionError("the burst never reached the server")
+        mid = await _stats(client)
+        assert mid["generations"]["started"] - before["generations"]["started"] == 1
+    finally:
+        client.cancel_request(types.CancelParams(id=busy_id))
+        with pytest.raises(JsonRpcRequestCancelled):
+            await busy  # it was still running: the burst arrived behind it
+        await _configure(client, **{"max-tokens": 24})
     results = await asyncio.gather(*futures, return_exceptions=True)
     after = await _stats(client)
     unexpected = [
@@ -255,9 +291,11 @@ async def test_burst_of_50_keystrokes_runs_one_generation_at_a_time(client: Lang
     assert (
         not isinstance(results[-1], BaseException) and len(results[-1].items) == 1
     )  # the newest is answered
-    cancelled = sum(isinstance(r, JsonRpcRequestCancelled) for r in results)
-    assert cancelled >= 25  # keystrokes made the earlier requests stale
+    # the busy generation and the newest request's: nothing else ever started
+    assert after["generations"]["started"] - before["generations"]["started"] == 2
+    assert all(isinstance(r, JsonRpcRequestCancelled) for r in results[:-1])
     assert after["generations"]["max_running"] == 1
-    started = after["generations"]["started"] - before["generations"]["started"]
-    assert started <= 50
-    assert after["requests"] - before["requests"] == 50
+    stale = sum(
+        after["cancellations"][k] - before["cancellations"][k] for k in ("superseded", "changed")
+    )
+    assert stale == 49
