@@ -267,7 +267,8 @@ def test_workspace_drafting_and_context_from_other_documents(completer):
         "# main.py" + "import helpers" + "x = "
     )  # CharTokenizer drops \n
     result = completer.complete(req)
-    assert ws.reindexed == 2 and result.finish_reason
+    assert ws.reindexed == 2
+    assert result.finish_reason == "length" and result.stats.new_tokens == 12
 
 
 def test_cancel_before_and_during(completer):
@@ -303,4 +304,5 @@ def test_a_completion_leaves_no_document_text_in_metrics_or_logs(completer, capl
 
 def test_lone_surrogates_in_a_document(completer):
     doc = Document("file:///w/main.py", "s = '\ud800\udfff'\nx = ")
-    assert completer.complete(_request(doc, 1, 4)).finish_reason
+    result = completer.complete(_request(doc, 1, 4))
+    assert result.finish_reason == "length" and result.stats.new_tokens == 12 and result.text
