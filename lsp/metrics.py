@@ -11,8 +11,7 @@ import time
 from collections import deque
 from typing import Any
 
-from specd import Stats
-from specd.stats import percentile
+from specd import Stats, percentile
 
 CANCEL_REASONS = ("client", "superseded", "changed", "shutdown")
 

@@ -14,7 +14,7 @@ from .generation import Completion, Delta, Generation
 from .hookspecs import hookimpl
 from .ngram_index import CorpusIndex, NgramIndex
 from .sampling import SamplingParams, sample, warp
-from .stats import Stats
+from .stats import Stats, percentile
 from .target import Target
 
 __version__ = "0.1.0"
@@ -41,6 +41,7 @@ __all__ = [
     "Verdict",
     "Verifier",
     "hookimpl",
+    "percentile",
     "sample",
     "warp",
 ]
