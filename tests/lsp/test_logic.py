@@ -239,7 +239,9 @@ def completer():
 
 def _request(doc: Document, line: int, col: int, **kw) -> CompletionRequest:
     cursor = doc.cursor(doc.resolve(line, col), before_chars=4000, after_chars=400)
-    return CompletionRequest(cursor, "main.py", kw.pop("settings", Settings()), uri=doc.uri, **kw)
+    # A budget no loaded machine runs out of: these tests check what is generated, not when.
+    settings = kw.pop("settings", Settings(time_budget_ms=120_000))
+    return CompletionRequest(cursor, "main.py", settings, uri=doc.uri, **kw)
 
 
 def test_a_one_character_edit_reuses_all_but_the_new_token(completer):
