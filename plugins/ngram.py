@@ -10,6 +10,7 @@ merged into a token tree, verified in the same single target pass.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import ClassVar
 
 from specd import Draft, DraftContext, Drafter, NgramIndex, hookimpl
 
@@ -23,6 +24,8 @@ class NgramDrafter(Drafter):
     :param branch_len: nodes given to each branch other than the trunk."""
 
     name = "ngram"
+    #: ``specd verify`` drafts trees, so the residual a rejected sibling leaves is checked too.
+    conformance_options: ClassVar[dict[str, object]] = {"branches": 2}
 
     def __init__(
         self,

@@ -15,66 +15,35 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-import torch
-
 from ..engine import NO_DRAFTER, Engine
-from ..sampling import SamplingParams, warp
-from ..target import Target
-from ..tiny import tiny_target
+from ..sampling import SamplingParams
+from .engine_scenarios import (
+    HORIZON,
+    MAX_DRAFT,
+    SCENARIOS,
+    EngineScenario,
+    conformance_prompt,
+    conformance_target,
+    sequence_law,
+)
 from .gtest import ALPHA, g_test
 from .results import Result
 
-VOCAB = 8
-HORIZON = 4
-#: The smallest departure from the target's law (KL, nats) the sampled check is sized to
-#: catch: with ENGINE_SAMPLES sequences (16 cells, at most 15 df) the G-test rejects it with
-#: probability >= 0.999 at ALPHA (docs/verification.md).
-ENGINE_SENSITIVITY_KL = 0.02
-ENGINE_SAMPLES = 2_400
-SAMPLED: dict[str, Any] = dict(temperature=1.0, top_k=2, top_p=0.95)
+__all__ = [
+    "HORIZON",
+    "MAX_DRAFT",
+    "SCENARIOS",
+    "EngineBench",
+    "check_greedy_identity",
+    "check_sampled",
+    "conformance_prompt",
+    "conformance_target",
+    "engine_checks",
+    "sequence_law",
+]
+
 GREEDY_TOKENS = 16
 SEEDED_REPEATS = 20
-MAX_DRAFT = 3
-TARGET_LOGIT_SCALE = 8.0
-
-
-def conformance_target() -> Target:
-    """The tiny target every engine check uses: :func:`specd.tiny.tiny_model` with seed 0
-    in float64, its output layer scaled so its distributions are peaked like a trained
-    model's. ``tiny:0`` (the same weights, unscaled) is a flatter draft model of it."""
-    return tiny_target(VOCAB, seed=0, logit_scale=TARGET_LOGIT_SCALE)
-
-
-def conformance_prompt(target: Target, length: int = 12) -> list[int]:
-    """The target's own greedy continuation of token 0. A random tiny model mostly follows
-    its last token, so this falls into a cycle: drafters that copy from the context (n-gram,
-    bigram) then propose what the target is likely to sample."""
-    tokens = [0]
-    while len(tokens) < length:
-        tokens.append(int(_row(target, tokens, SamplingParams()).argmax()))
-    return tokens
-
-
-def _row(target: Target, tokens: Sequence[int], params: SamplingParams) -> torch.Tensor:
-    """The target's warped distribution after ``tokens``, from a fresh cache."""
-    logits = target.forward(target.new_cache(), list(tokens)).logits[-1]  # [V]
-    return warp(logits, params)
-
-
-def sequence_law(
-    target: Target, prompt: Sequence[int], params: SamplingParams, horizon: int
-) -> dict[tuple[int, ...], float]:
-    """The exact probability of every continuation of ``horizon`` tokens."""
-    law: dict[tuple[int, ...], float] = {(): 1.0}
-    for _ in range(horizon):
-        nxt: dict[tuple[int, ...], float] = {}
-        for prefix, mass in law.items():
-            row = _row(target, [*prompt, *prefix], params).double()
-            row = row / row.sum()
-            for x in torch.nonzero(row > 0).flatten().tolist():
-                nxt[prefix + (x,)] = mass * float(row[x])
-        law = nxt
-    return law
 
 
 class _Capture(logging.Handler):
@@ -113,6 +82,7 @@ class EngineBench:
 
     def __init__(self, drafter: str, options: dict[str, Any], verifier: str | None) -> None:
         self.drafter = drafter
+        self.verifier = verifier
         self.target = conformance_target()
         self.engine = Engine(
             self.target,
@@ -196,128 +166,141 @@ def check_sampled(
     drafter: str,
     options: dict[str, Any],
     verifier: str,
-    samples: int = ENGINE_SAMPLES,
+    scenarios: Sequence[EngineScenario] = SCENARIOS,
     seed: int = 0,
 ) -> Iterator[Result]:
-    """Sampled sequences over the horizon follow the target's exact law; drafts were made
-    and accepted; the same seed gives the same sequence."""
+    """For each scenario, sampled sequences over the horizon follow the target's exact law;
+    then drafts were made and accepted, and the same seed gives the same sequence."""
     subject = f"drafter {drafter} with verifier {verifier}"
     with _captured() as capture:
-        t0 = time.perf_counter()
         bench = EngineBench(drafter, options, verifier)
-        base = SamplingParams(max_tokens=HORIZON, **SAMPLED)
-        prompt = conformance_prompt(bench.target)
-        law = sequence_law(bench.target, prompt, base, HORIZON)
-        counts: Counter[tuple[int, ...]] = Counter()
-        first: dict[int, list[int]] = {}
-        drafted = accepted = steps = 0
-        for i in range(samples):
-            s = seed * 1_000_003 + i
-            out = bench.run(prompt, SamplingParams(max_tokens=HORIZON, seed=s, **SAMPLED))
-            failure = bench.plugin_failure(out)
-            if failure:
-                yield Result(
-                    "engine/law/sampled",
-                    subject,
-                    False,
-                    failure,
-                    {"prompt": prompt, "seed": s, "errors": capture.errors()},
-                    time.perf_counter() - t0,
-                )
+        totals: Counter[str] = Counter()
+        first: dict[int, tuple[EngineScenario, list[int]]] = {}
+        for scenario in scenarios:
+            result = _check_law(bench, scenario, seed, totals, first, capture)
+            yield result
+            if not result.passed:
                 return
-            counts[tuple(out.token_ids)] += 1
-            drafted += out.stats.drafted
-            accepted += out.stats.accepted
-            steps += out.stats.target_steps
-            if i < SEEDED_REPEATS:
-                first[s] = out.token_ids
-        test = g_test(counts, law)
-        info = {
-            "drafted": drafted,
-            "accepted": accepted,
-            "target_steps": steps,
-            "mean_acceptance_length": round(samples * HORIZON / max(steps, 1), 3),
-        }
-        seconds = time.perf_counter() - t0
-        if test.rejects(ALPHA):
-            example: dict[str, Any] = {
-                "prompt": prompt,
-                "params": SAMPLED,
-                "horizon": HORIZON,
-                "test": test.describe(),
-            }
-            w = test.worst()
-            if test.impossible is not None:
-                example["sequence"] = list(test.impossible)
-            elif w is not None:
-                example.update(
-                    sequence=w.key,
-                    observed_frequency=w.observed / test.n,
-                    exact_probability=w.expected / test.n,
-                )
-            yield Result(
-                "engine/law/sampled",
-                subject,
-                False,
-                "sampled sequences do not follow the target's law: " + test.describe(),
-                example,
-                seconds,
-                info,
-            )
-            return
-        yield Result(
-            "engine/law/sampled", subject, True, test.describe(), seconds=seconds, info=info
-        )
+    yield _check_exercised(subject, totals)
+    if totals["accepted"]:
+        yield _check_seeded(bench, subject, first)
 
-        if drafted == 0:
-            yield Result(
-                "engine/drafts-exercised",
-                subject,
-                False,
-                "the drafter proposed nothing on the conformance target, so the law check proved nothing",
-                {"prompt": prompt},
-            )
-            return
-        if accepted == 0:
-            yield Result(
-                "engine/drafts-exercised",
-                subject,
-                False,
-                f"none of {drafted} drafted tokens was accepted on the conformance target, "
-                "so the law check never exercised the accept path",
-                {"prompt": prompt},
-            )
-            return
-        yield Result(
-            "engine/drafts-exercised",
-            subject,
-            True,
-            f"{drafted} drafted, {accepted} accepted",
-            info=info,
-        )
 
-        t1 = time.perf_counter()
-        for (
-            s,
-            tokens,
-        ) in first.items():  # after thousands of other requests: no hidden state leaks in
-            again = bench.run(
-                prompt, SamplingParams(max_tokens=HORIZON, seed=s, **SAMPLED)
-            ).token_ids
-            if again != tokens:
-                yield Result(
-                    "engine/seeded",
-                    subject,
-                    False,
-                    f"seed {s} gave {tokens}, then {again}",
-                    {"prompt": prompt, "seed": s},
-                    time.perf_counter() - t1,
-                )
-                return
-        yield Result(
-            "engine/seeded",
-            subject,
-            True,
-            f"{len(first)} seeds repeated identically",
-            seconds=time.perf_counter() - t1,
+def _check_law(
+    bench: EngineBench,
+    scenario: EngineScenario,
+    seed: int,
+    totals: Counter[str],
+    first: dict[int, tuple[EngineScenario, list[int]]],
+    capture: _Capture,
+) -> Result:
+    prop = f"engine/law/{scenario.name}"
+    subject = f"drafter {bench.drafter} with verifier {bench.verifier}"
+    t0 = time.perf_counter()
+    prompt = scenario.prompt(bench.target)
+    law = sequence_law(bench.target, prompt, scenario.sampling(), scenario.horizon)
+    counts: Counter[tuple[int, ...]] = Counter()
+    drafted = accepted = steps = 0
+    for i in range(scenario.samples):
+        s = seed * 1_000_003 + scenario.seed_offset + i
+        out = bench.run(prompt, scenario.sampling(s))
+        failure = bench.plugin_failure(out)
+        if failure:
+            return Result(
+                prop,
+                subject,
+                False,
+                failure,
+                {"prompt": prompt, "seed": s, "errors": capture.errors()},
+                time.perf_counter() - t0,
+            )
+        counts[tuple(out.token_ids)] += 1
+        drafted += out.stats.drafted
+        accepted += out.stats.accepted
+        steps += out.stats.target_steps
+        if i < SEEDED_REPEATS:
+            first[s] = (scenario, out.token_ids)
+    totals.update(drafted=drafted, accepted=accepted)
+    test = g_test(counts, law)
+    info = {
+        "drafted": drafted,
+        "accepted": accepted,
+        "target_steps": steps,
+        "mean_acceptance_length": round(scenario.samples * scenario.horizon / max(steps, 1), 3),
+    }
+    seconds = time.perf_counter() - t0
+    if not test.rejects(ALPHA):
+        return Result(prop, subject, True, test.describe(), seconds=seconds, info=info)
+    example: dict[str, Any] = {
+        "prompt": prompt,
+        "params": scenario.params,
+        "horizon": scenario.horizon,
+        "test": test.describe(),
+    }
+    w = test.worst()
+    if test.impossible is not None:
+        example["sequence"] = list(test.impossible)
+    elif w is not None:
+        example.update(
+            sequence=w.key,
+            observed_frequency=w.observed / test.n,
+            exact_probability=w.expected / test.n,
         )
+    return Result(
+        prop,
+        subject,
+        False,
+        "sampled sequences do not follow the target's law: " + test.describe(),
+        example,
+        seconds,
+        info,
+    )
+
+
+def _check_exercised(subject: str, totals: Counter[str]) -> Result:
+    """A drafter that proposes nothing, or nothing accepted, passes the law vacuously."""
+    prop = "engine/drafts-exercised"
+    drafted, accepted = totals["drafted"], totals["accepted"]
+    if drafted == 0:
+        return Result(
+            prop,
+            subject,
+            False,
+            "the drafter proposed nothing on the conformance target, so the law check proved nothing",
+        )
+    if accepted == 0:
+        return Result(
+            prop,
+            subject,
+            False,
+            f"none of {drafted} drafted tokens was accepted on the conformance target, "
+            "so the law check never exercised the accept path",
+        )
+    return Result(prop, subject, True, f"{drafted} drafted, {accepted} accepted")
+
+
+def _check_seeded(
+    bench: EngineBench, subject: str, first: dict[int, tuple[EngineScenario, list[int]]]
+) -> Result:
+    """After thousands of other requests the same seed gives the same sequence: no hidden
+    state leaks from one request into the next."""
+    t0 = time.perf_counter()
+    for s, (scenario, tokens) in first.items():
+        prompt = scenario.prompt(bench.target)
+        again = bench.run(prompt, scenario.sampling(s)).token_ids
+        if again != tokens:
+            return Result(
+                "engine/seeded",
+                subject,
+                False,
+                f"seed {s} gave {tokens}, then {again}",
+                {"prompt": prompt, "seed": s, "params": scenario.params},
+                time.perf_counter() - t0,
+            )
+    return Result(
+        "engine/seeded",
+        subject,
+        True,
+        f"{len(first)} seeds repeated identically",
+        seconds=time.perf_counter() - t0,
+    )

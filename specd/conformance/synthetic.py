@@ -7,6 +7,11 @@ verifier exactly what the engine would: the draft and the target's rows at the r
 every node. The rows at the root are planted with the edge cases the verifier must get
 right: q(x) = 0 where p(x) > 0, p(x) = 0 where q(x) > 0, p(x) < q(x) and p(x) > q(x); after
 token 0, p equals q; after token 2, p is one-hot.
+
+One more scenario hands the rows over with sampling parameters that warp (temperature 0.6,
+top-k 3, top-p 0.9): the rows are already warped, so a verifier that warps them again is
+caught. Its planted rows put p(x) / q(x) near 1/3 for the likeliest drafts, where a bias in
+the exponent of the accept rule (accepting with (p/q)^g) moves the acceptance most.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from ..draft import Draft
+from ..sampling import SamplingParams, warp
 
 Prefix = tuple[int, ...]
 
@@ -33,6 +39,7 @@ class TableLM:
         horizon: int,
         seed: int,
         planted: dict[Prefix, Sequence[float]] | None = None,
+        params: SamplingParams | None = None,
     ) -> None:
         rng = random.Random(seed)
         self.vocab = vocab
@@ -41,7 +48,11 @@ class TableLM:
         planted = planted or {}
         for length in range(horizon):
             for prefix in itertools.product(range(vocab), repeat=length):
-                weights = planted.get(prefix) or _random_weights(rng, vocab)
+                weights = planted.get(prefix)
+                if weights is None:
+                    weights = _random_weights(rng, vocab)
+                    if params is not None:  # a row as warp gives it: top-k and top-p cut
+                        weights = warp(torch.tensor(weights).log(), params).tolist()
                 row = torch.tensor(weights, dtype=torch.float64)
                 self._rows[prefix] = (row / row.sum()).float()
 
@@ -103,6 +114,11 @@ class Scenario:
     shape: str
     target: TableLM
     drafter: TableLM
+    params: SamplingParams = SamplingParams(temperature=1.0)
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        self.name = self.name or self.shape
 
     @property
     def sampled(self) -> bool:
@@ -136,6 +152,7 @@ class Scenario:
     def describe(self) -> dict:
         return {
             "shape": self.shape,
+            "params": {k: getattr(self.params, k) for k in ("temperature", "top_k", "top_p")},
             "p_root": [round(v, 4) for v in self.target.probs(())],
             "q_root": [round(v, 4) for v in self.drafter.probs(())],
         }
@@ -153,6 +170,38 @@ def scenario_models() -> tuple[TableLM, TableLM]:
     return target, drafter
 
 
+#: The warped scenario's sampling parameters and planted rows: p(x) / q(x) is 1/3 for the
+#: likeliest root draft and for the likeliest draft after it.
+WARP_PARAMS = SamplingParams(temperature=0.6, top_k=3, top_p=0.9)
+WARPED_P_ROOT = (0.2, 0.5, 0.3, 0.0)
+WARPED_Q_ROOT = (0.6, 0.15, 0.25, 0.0)
+WARPED_P_AFTER_0 = (0.1, 0.3, 0.0, 0.6)
+WARPED_Q_AFTER_0 = (0.3, 0.6, 0.0, 0.1)
+
+
+def warped_models() -> tuple[TableLM, TableLM]:
+    """The target and draft tables of the warped scenario."""
+    target = TableLM(
+        VOCAB,
+        HORIZON,
+        seed=21,
+        planted={(): WARPED_P_ROOT, (0,): WARPED_P_AFTER_0},
+        params=WARP_PARAMS,
+    )
+    drafter = TableLM(
+        VOCAB,
+        HORIZON,
+        seed=22,
+        planted={(): WARPED_Q_ROOT, (0,): WARPED_Q_AFTER_0},
+        params=WARP_PARAMS,
+    )
+    return target, drafter
+
+
 def scenarios() -> list[Scenario]:
+    """The four shapes on the planted tables at temperature 1, then a sampled chain on the
+    warped tables with warping parameters (``warped``)."""
     target, drafter = scenario_models()
-    return [Scenario(shape, target, drafter) for shape in SHAPES]
+    out = [Scenario(shape, target, drafter) for shape in SHAPES]
+    wt, wd = warped_models()
+    return [*out, Scenario("chain-sampled", wt, wd, WARP_PARAMS, name="warped")]

@@ -74,7 +74,7 @@ def check_law(
     verifier: Verifier, scenario: Scenario, samples: int = VERIFIER_SAMPLES, seed: int = 0
 ) -> Result:
     """Emitted tokens, continued by the target, have the target's sequence law."""
-    prop = f"verifier/law/{scenario.shape}"
+    prop = f"verifier/law/{scenario.name}"
     subject = f"verifier {verifier.name}"
     t0 = time.perf_counter()
     rng = random.Random(seed * 7919 + 17)
@@ -86,7 +86,7 @@ def check_law(
         draft = scenario.draft(rng)
         p = scenario.target_rows(draft)
         try:
-            verdict = verifier.verify(draft, p.clone(), SAMPLED, generator)
+            verdict = verifier.verify(draft, p.clone(), scenario.params, generator)
         except Exception as exc:  # noqa: BLE001 - a plugin's error is a finding
             return Result(
                 prop,
@@ -227,13 +227,16 @@ def check_seeded(verifier: Verifier, calls: int = SEEDED_CALLS, seed: int = 0) -
     t0 = time.perf_counter()
     rng = random.Random(seed + 5)
     runs = []
-    cases = [(s, s.draft(rng)) for s in scenarios() for _ in range(calls // 4)]
+    every = scenarios()
+    cases = [(s, s.draft(rng)) for s in every for _ in range(calls // len(every))]
     for _ in range(2):
         generator = torch.Generator().manual_seed(seed + 1234)
         out = []
         for scenario, draft in cases:
             try:
-                verdict = verifier.verify(draft, scenario.target_rows(draft), SAMPLED, generator)
+                verdict = verifier.verify(
+                    draft, scenario.target_rows(draft), scenario.params, generator
+                )
             except Exception as exc:  # noqa: BLE001
                 return Result(
                     prop,

@@ -8,11 +8,8 @@ import math
 
 import pytest
 
-from specd import SamplingParams
 from specd.conformance.engine_checks import (
-    HORIZON,
-    SAMPLED,
-    conformance_prompt,
+    SCENARIOS,
     conformance_target,
     engine_checks,
     sequence_law,
@@ -20,10 +17,11 @@ from specd.conformance.engine_checks import (
 from specd.conformance.suite import DEFAULT_VERIFIERS
 
 
-def test_the_enumerated_law_is_a_distribution_over_the_horizon():
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.name)
+def test_the_enumerated_law_is_a_distribution_over_the_horizon(scenario):
     target = conformance_target()
-    law = sequence_law(target, conformance_prompt(target), SamplingParams(**SAMPLED), HORIZON)
-    assert all(len(seq) == HORIZON for seq in law)
+    law = sequence_law(target, scenario.prompt(target), scenario.sampling(), scenario.horizon)
+    assert all(len(seq) == scenario.horizon for seq in law)
     assert math.isclose(sum(law.values()), 1.0, rel_tol=1e-9)
     assert len(law) > 8  # enough cells for the test to say something
 

@@ -10,7 +10,6 @@ import torch
 from broken_plugin import BROKEN_VERIFIERS
 from exact import ExactLM, emitted_law, sampled_drafts, sequence_law_of
 
-from specd import SamplingParams
 from specd.conformance import engine_checks as ec
 from specd.conformance.gtest import (
     ALPHA,
@@ -62,13 +61,12 @@ def test_verifier_sample_size_meets_its_sensitivity(scenario):
     assert required_samples(VERIFIER_SENSITIVITY_KL, df) <= VERIFIER_SAMPLES
 
 
-def test_engine_sample_size_meets_its_sensitivity():
+@pytest.mark.parametrize("scenario", ec.SCENARIOS, ids=lambda s: s.name)
+def test_engine_sample_size_meets_its_sensitivity(scenario):
     target = ec.conformance_target()
-    params = SamplingParams(**ec.SAMPLED)
-    law = ec.sequence_law(target, ec.conformance_prompt(target), params, ec.HORIZON)
-    df = _pooled_df(law, ec.ENGINE_SAMPLES)
-    assert df <= 15
-    assert required_samples(ec.ENGINE_SENSITIVITY_KL, df) <= ec.ENGINE_SAMPLES
+    law = ec.sequence_law(target, scenario.prompt(target), scenario.sampling(), scenario.horizon)
+    df = _pooled_df(law, scenario.samples)
+    assert required_samples(scenario.sensitivity_kl, df) <= scenario.samples
 
 
 @pytest.mark.parametrize("broken", BROKEN_VERIFIERS, ids=lambda c: c.name)

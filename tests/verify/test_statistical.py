@@ -36,7 +36,7 @@ from specd.conformance.verifier_checks import (
 
 SAMPLED = SamplingParams(temperature=1.0)
 SAMPLED_PARENTS = {"chain-sampled": [-1, 0], "tree-iid": [-1, -1, 0]}
-SCENARIOS = {s.shape: s for s in scenarios()}
+SCENARIOS = {s.name: s for s in scenarios()}
 
 
 def exact_joint(verifier, scenario: Scenario) -> dict:
@@ -56,7 +56,7 @@ def sample_joint(verifier, scenario: Scenario, n: int, seed: int) -> Counter:
     counts: Counter = Counter()
     for _ in range(n):
         draft = scenario.draft(rng)
-        verdict = verifier.verify(draft, scenario.target_rows(draft), SAMPLED, generator)
+        verdict = verifier.verify(draft, scenario.target_rows(draft), scenario.params, generator)
         counts[(len(verdict.path), tuple(emitted(draft, verdict)))] += 1
     return counts
 

@@ -38,6 +38,7 @@ VERIFIER_PROPERTIES = {
         "verifier/law/chain-deterministic",
         "verifier/law/tree-iid",
         "verifier/law/tree-distinct",
+        "verifier/law/warped",
     },
 }
 
@@ -53,6 +54,7 @@ def test_passes_for_every_builtin_drafter(capsys, drafter):
     ] | VERIFIER_PROPERTIES["sampled"] | {
         "engine/greedy-identity",
         "engine/law/sampled",
+        "engine/law/warped",
         "engine/drafts-exercised",
         "engine/seeded",
     }

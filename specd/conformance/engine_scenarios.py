@@ -1,0 +1,120 @@
+"""The tiny target the engine checks run on, its exact sequence law, and the sampling
+scenarios whose sequences are compared with that law.
+
+The target is :func:`specd.tiny.tiny_model` (seed 0, float64) over eight tokens with its
+output layer scaled so its distributions are peaked like a trained model's. Over a short
+horizon its sequence law is enumerated exactly: the target run on every prefix, warped with
+:func:`specd.sampling.warp` as the engine warps it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..sampling import SamplingParams, warp
+from ..target import Target
+from ..tiny import tiny_target
+
+VOCAB = 8
+HORIZON = 4
+MAX_DRAFT = 3
+TARGET_LOGIT_SCALE = 8.0
+
+
+def conformance_target() -> Target:
+    """The tiny target every engine check uses: :func:`specd.tiny.tiny_model` with seed 0
+    in float64, its output layer scaled so its distributions are peaked like a trained
+    model's. ``tiny:0`` (the same weights, unscaled) is a flatter draft model of it."""
+    return tiny_target(VOCAB, seed=0, logit_scale=TARGET_LOGIT_SCALE)
+
+
+def conformance_prompt(target: Target, length: int = 12) -> list[int]:
+    """The target's own greedy continuation of token 0. A random tiny model mostly follows
+    its last token, so this falls into a cycle: drafters that copy from the context (n-gram,
+    bigram) then propose what the target is likely to sample."""
+    tokens = [0]
+    while len(tokens) < length:
+        tokens.append(int(target_row(target, tokens, SamplingParams()).argmax()))
+    return tokens
+
+
+#: A prompt the target disagrees with. Copying drafters propose tokens that top-k cuts
+#: (probability 0: a verifier that accepts any of them is caught by one sample), bigram
+#: continuations that disagree (``3 1`` and ``3 0``, ``1 0`` and ``1 1``: a tree for a
+#: drafter that drafts the alternatives), and chains the target follows to the end often
+#: enough that the bonus token is drawn in most sequences.
+DISAGREEING_PROMPT = (3, 1, 0, 3, 1, 1, 3, 0, 3, 3)
+
+
+def target_row(target: Target, tokens: Sequence[int], params: SamplingParams) -> torch.Tensor:
+    """The target's warped distribution after ``tokens``, from a fresh cache."""
+    logits = target.forward(target.new_cache(), list(tokens)).logits[-1]  # [V]
+    return warp(logits, params)
+
+
+def sequence_law(
+    target: Target, prompt: Sequence[int], params: SamplingParams, horizon: int
+) -> dict[tuple[int, ...], float]:
+    """The exact probability of every continuation of ``horizon`` tokens."""
+    law: dict[tuple[int, ...], float] = {(): 1.0}
+    for _ in range(horizon):
+        nxt: dict[tuple[int, ...], float] = {}
+        for prefix, mass in law.items():
+            row = target_row(target, [*prompt, *prefix], params).double()
+            row = row / row.sum()
+            for x in torch.nonzero(row > 0).flatten().tolist():
+                nxt[prefix + (x,)] = mass * float(row[x])
+        law = nxt
+    return law
+
+
+@dataclass(frozen=True)
+class EngineScenario:
+    """One sampled law check: ``samples`` sequences of ``horizon`` tokens after the prompt,
+    each from its own seed, against the enumerated law.
+
+    :param name: the property is ``engine/law/<name>``.
+    :param params: temperature, top-k and top-p.
+    :param sensitivity_kl: the smallest departure (KL, nats) the check rejects with
+        probability >= 0.999 at :data:`specd.conformance.gtest.ALPHA` (docs/verification.md).
+    :param seed_offset: added to every seed, so scenarios draw independent sequences.
+    """
+
+    name: str
+    params: dict[str, Any]
+    samples: int
+    sensitivity_kl: float
+    prompt: Callable[[Target], list[int]]
+    seed_offset: int = 0
+    horizon: int = HORIZON
+
+    def sampling(self, seed: int | None = None) -> SamplingParams:
+        return SamplingParams(max_tokens=self.horizon, seed=seed, **self.params)
+
+
+#: Temperature 1 with top-k 2 and top-p 0.95 on the target's own cycle: drafts are often
+#: accepted, so the accept path and full accepts are exercised.
+SAMPLED = EngineScenario(
+    "sampled",
+    dict(temperature=1.0, top_k=2, top_p=0.95),
+    samples=2_400,
+    sensitivity_kl=0.02,
+    prompt=conformance_prompt,
+)
+#: Temperature 0.7 with top-k 3 and top-p 0.9 (both cut real mass) on a prompt the target
+#: disagrees with: rejections, corrections from residuals, siblings tried after a rejected
+#: one, and bonus tokens after rows that differ from their parent's. A temperature other
+#: than 1 separates a warp applied once from one applied twice.
+WARPED = EngineScenario(
+    "warped",
+    dict(temperature=0.7, top_k=3, top_p=0.9),
+    samples=1_200,
+    sensitivity_kl=0.053,
+    prompt=lambda target: list(DISAGREEING_PROMPT),
+    seed_offset=500_000,
+)
+SCENARIOS = (SAMPLED, WARPED)

@@ -1,0 +1,105 @@
+"""Verifier and drafter mutants that the engine-level checks of ``specd verify`` must reject.
+
+Each is a small plugin, registered through the same hooks a third party uses, that gets one
+detail of speculative sampling wrong in a way that a check looking only at the tokens could
+miss: the wrong law shows only in some steps (after a rejection among siblings, after a
+full accept) or only away from temperature 1.
+
+- ``mutant_residual_unnormalised`` (M1): the residual ``max(r - q, 0)`` is not divided by its
+  mass. A draw from it is still right (sampling normalises), but the next sibling is tested
+  against too little mass.
+- ``mutant_threshold_plus`` (M2): accepts when ``u < r(x) / q(x) + 0.02``.
+- ``mutant_bonus_from_q`` (M3): after a full accept, the bonus token is drawn from the last
+  node's proposal row (one-hot on its token for a deterministic draft) instead of from p.
+- ``mutant_bonus_wrong_row`` (M4): after a full accept, the bonus token is drawn from the row
+  the last node was checked against instead of the row after it.
+- ``mutant_rewarp`` (V1): warps the already-warped p again with the request's parameters.
+- ``mutant_q_twice`` (D1): a sampling drafter whose reported q applies the temperature (and
+  top-k/top-p) a second time to the row the token was really drawn from.
+"""
+
+from __future__ import annotations
+
+from specd.plugins.draft_model import DraftModelDrafter
+from specd.plugins.rejection import RejectionVerifier
+
+from specd import Draft, hookimpl, warp
+
+
+class ResidualUnnormalised(RejectionVerifier):
+    name = "mutant_residual_unnormalised"
+
+    def residual(self, r, q):
+        d = r - q
+        d = d * (d > 0)
+        return d if d.sum() > 0 else r
+
+
+class ThresholdPlus(RejectionVerifier):
+    name = "mutant_threshold_plus"
+
+    def accept_probability(self, r_x, q_x):
+        if q_x <= 0:
+            return 1 if r_x > 0 else 0
+        return min(1, r_x / q_x + 0.02)
+
+
+class _BonusMutant(RejectionVerifier):
+    """Draws the bonus token (after a path that ends at a leaf) from :meth:`bonus_row`. A
+    leaf's row of p is used for nothing but the bonus, so replacing it is the whole change."""
+
+    def walk(self, tokens, parents, p, q, chance):
+        p = p * 1  # a copy, for torch and for exact rows alike
+        for leaf in set(range(len(tokens))) - set(parents):
+            p[leaf + 1] = self.bonus_row(tokens, parents, p, q, leaf)
+        return super().walk(tokens, parents, p, q, chance)
+
+    def bonus_row(self, tokens, parents, p, q, leaf: int):
+        raise NotImplementedError
+
+
+class BonusFromQ(_BonusMutant):
+    name = "mutant_bonus_from_q"
+
+    def bonus_row(self, tokens, parents, p, q, leaf):
+        return self.proposal(q, leaf, tokens[leaf], p[0])
+
+
+class BonusWrongRow(_BonusMutant):
+    name = "mutant_bonus_wrong_row"
+
+    def bonus_row(self, tokens, parents, p, q, leaf):
+        return p[parents[leaf] + 1]
+
+
+class Rewarp(RejectionVerifier):
+    name = "mutant_rewarp"
+
+    def verify(self, draft, p, params, generator):
+        return super().verify(draft, warp(p.log(), params), params, generator)
+
+
+class QTwice(DraftModelDrafter):
+    name = "mutant_q_twice"
+
+    def propose(self, ctx, budget):
+        draft = super().propose(ctx, budget)
+        if draft is None or draft.q is None:
+            return draft
+        return Draft(draft.tokens, draft.parents, warp(draft.q.log(), ctx.params))
+
+
+#: The four verifier mutants the engine-level law checks must catch behind ``ngram``.
+ENGINE_MUTANTS = (ResidualUnnormalised, ThresholdPlus, BonusFromQ, BonusWrongRow)
+VERIFIER_MUTANTS = (*ENGINE_MUTANTS, Rewarp)
+
+
+@hookimpl
+def specd_register_verifiers(register):
+    for cls in VERIFIER_MUTANTS:
+        register(cls)
+
+
+@hookimpl
+def specd_register_drafters(register):
+    register(QTwice)
