@@ -38,10 +38,27 @@ class ResidualUnnormalised(RejectionVerifier):
 class ThresholdPlus(RejectionVerifier):
     name = "mutant_threshold_plus"
 
+    def __init__(self, delta: float = 0.02) -> None:
+        self.delta = delta
+
     def accept_probability(self, r_x, q_x):
         if q_x <= 0:
             return 1 if r_x > 0 else 0
-        return min(1, r_x / q_x + 0.02)
+        return min(1, float(r_x) / float(q_x) + self.delta)
+
+
+class ExponentBias(RejectionVerifier):
+    """Accepts with min(1, (r(x) / q(x)) ** gamma): the power analysis's second bias."""
+
+    name = "mutant_exponent"
+
+    def __init__(self, gamma: float = 1.1) -> None:
+        self.gamma = gamma
+
+    def accept_probability(self, r_x, q_x):
+        if q_x <= 0:
+            return 1 if r_x > 0 else 0
+        return min(1, (float(r_x) / float(q_x)) ** self.gamma)
 
 
 class _BonusMutant(RejectionVerifier):

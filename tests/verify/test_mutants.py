@@ -12,11 +12,14 @@ engine.
 
 from __future__ import annotations
 
+from fractions import Fraction
 from functools import cache
 
 import mutants as mutant_plugin
 import pytest
+import torch
 from engine_law import engine_law, ngram_draft, target_rows
+from exact import ExactLM, emitted_law, row, sampled_drafts, sequence_law_of
 from mutants import ENGINE_MUTANTS, QTwice, Rewarp
 from specd.plugins.rejection import RejectionVerifier
 
@@ -25,8 +28,9 @@ from specd.conformance.engine_scenarios import WARPED
 from specd.conformance.gtest import detection_probability, g_test
 from specd.conformance.suite import plan
 from specd.conformance.synthetic import scenarios
-from specd.conformance.verifier_checks import check_law
+from specd.conformance.verifier_checks import VERIFIER_SAMPLES, check_law
 from specd.registry import get_plugin_manager
+from specd.sampling import warp
 
 
 @pytest.fixture
@@ -89,6 +93,29 @@ def test_the_engine_check_fails_each_verifier_mutant_behind_ngram(mutant_plugins
     assert law.property == "engine/law/warped"
     assert not law.passed, law.detail
     assert law.counterexample["sequence"]
+
+
+def test_a_verifier_that_warps_p_again_is_caught_with_near_certainty():
+    """Exactly: warping the warped rows again is the rejection walk on other rows, and the
+    warped scenario's sample size rejects the law it emits with probability >= 0.999."""
+    scenario = next(s for s in scenarios() if s.name == "warped")
+    p, q = ExactLM.from_table(scenario.target), ExactLM.from_table(scenario.drafter)
+    rewarped = ExactLM(
+        p.vocab,
+        p.horizon,
+        {
+            k: row(
+                Fraction(float(v))
+                for v in warp(torch.tensor([float(x) for x in r]).log(), scenario.params)
+            )
+            for k, r in p.rows.items()
+        },
+    )
+    emitted = emitted_law(RejectionVerifier(), sampled_drafts([-1, 0], q), rewarped)
+    law = {k: float(v) for k, v in sequence_law_of(emitted, p, 3).items()}
+    truth = {k: float(v) for k, v in p.sequence_law(3).items()}
+    df = g_test({k: round(v * VERIFIER_SAMPLES) for k, v in truth.items()}, truth).df
+    assert detection_probability(law, truth, VERIFIER_SAMPLES, df) >= 0.999
 
 
 def test_a_verifier_that_warps_p_again_fails_the_warped_scenario():

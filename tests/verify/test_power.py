@@ -8,7 +8,9 @@ import random
 import pytest
 import torch
 from broken_plugin import BROKEN_VERIFIERS
-from exact import ExactLM, emitted_law, sampled_drafts, sequence_law_of
+from engine_law import engine_law, ngram_draft, target_rows
+from exact import ExactLM, emitted_law, fixed_draft, sampled_drafts, sequence_law_of
+from mutants import ExponentBias, ThresholdPlus
 
 from specd.conformance import engine_checks as ec
 from specd.conformance.gtest import (
@@ -20,6 +22,7 @@ from specd.conformance.gtest import (
     power,
     required_samples,
 )
+from specd.conformance.suite import plan
 from specd.conformance.synthetic import scenario_models, scenarios
 from specd.conformance.verifier_checks import VERIFIER_SAMPLES, VERIFIER_SENSITIVITY_KL
 
@@ -92,3 +95,65 @@ def test_the_sampled_scenarios_are_drawn_as_the_exact_law_assumes():
         counts[t] = counts.get(t, 0) + 1
     q_root = dict(enumerate(scenario.drafter.probs(())))
     assert not g_test(counts, q_root).rejects()
+
+
+# The smallest biases docs/verification.md says each check detects with probability >= 0.999:
+# (check, accept-threshold delta, exponent above 1, exponent below 1). A bias this large, in
+# an otherwise correct rejection verifier, must be detected by that check alone.
+SMALLEST_BIAS = [
+    ("verifier/law/chain-sampled", 0.0015, 1.50, 0.55),
+    ("verifier/law/chain-deterministic", 0.038, 1.11, 0.90),
+    ("verifier/law/tree-iid", 0.0011, 1.43, 0.61),
+    ("verifier/law/tree-distinct", 0.001, 1.09, 0.91),
+    ("verifier/law/warped", 0.0021, 1.15, 0.87),
+    ("engine/law/sampled", 0.073, 1.25, 0.78),
+    ("engine/law/warped", 0.0058, 1.47, 0.69),
+]
+VERIFIER_PARENTS = {"chain-sampled": [-1, 0], "tree-iid": [-1, -1, 0]}
+
+
+def _verifier_detection(name: str):
+    scenario = next(s for s in scenarios() if s.name == name)
+    p, q = ExactLM.from_table(scenario.target), ExactLM.from_table(scenario.drafter)
+    if scenario.sampled:
+        drafts = sampled_drafts(VERIFIER_PARENTS[scenario.shape], q)
+    else:
+        d = scenario.draft(random.Random(0))
+        drafts = fixed_draft(d.parents, d.tokens)
+    truth = {k: float(v) for k, v in p.sequence_law(3).items()}
+    df = _pooled_df(truth, VERIFIER_SAMPLES)
+
+    def detect(verifier) -> float:
+        law = sequence_law_of(emitted_law(verifier, drafts, p), p, 3)
+        return detection_probability(
+            {k: float(v) for k, v in law.items()}, truth, VERIFIER_SAMPLES, df
+        )
+
+    return detect
+
+
+def _engine_detection(name: str):
+    scenario = next(s for s in ec.SCENARIOS if s.name == name)
+    target = ec.conformance_target()
+    prompt = scenario.prompt(target)
+    rows = target_rows(target, scenario.sampling())
+    truth = ec.sequence_law(target, prompt, scenario.sampling(), scenario.horizon)
+    df = _pooled_df(truth, scenario.samples)
+    draft = ngram_draft(plan("ngram", None, None)[1])
+
+    def detect(verifier) -> float:
+        law = engine_law(verifier, draft, rows, prompt, scenario.horizon)
+        return detection_probability(law, truth, scenario.samples, df)
+
+    return detect
+
+
+@pytest.mark.parametrize("check, delta, above, below", SMALLEST_BIAS, ids=lambda v: str(v))
+def test_each_check_detects_the_smallest_bias_the_docs_state(check, delta, above, below):
+    """Exact laws of a rejection verifier with a biased accept rule (behind ``ngram`` for the
+    engine checks): each documented bias is detected with probability >= 0.999."""
+    kind, _, name = check.partition("/law/")
+    detect = _verifier_detection(name) if kind == "verifier" else _engine_detection(name)
+    assert detect(ThresholdPlus(delta)) >= 0.999
+    assert detect(ExponentBias(above)) >= 0.999
+    assert detect(ExponentBias(below)) >= 0.999
