@@ -24,7 +24,6 @@ from mutants import ENGINE_MUTANTS, QTwice, Rewarp
 from specd.plugins.rejection import RejectionVerifier
 
 from specd.conformance import engine_checks as ec
-from specd.conformance.engine_scenarios import WARPED
 from specd.conformance.gtest import detection_probability, g_test
 from specd.conformance.suite import plan
 from specd.conformance.synthetic import scenarios
@@ -88,7 +87,8 @@ def test_each_verifier_mutant_is_caught_behind_ngram_with_near_certainty(mutant)
 @pytest.mark.parametrize("mutant", ENGINE_MUTANTS, ids=lambda c: c.name)
 def test_the_engine_check_fails_each_verifier_mutant_behind_ngram(mutant_plugins, mutant):
     """Sampled, through the real engine: the law check fails naming a sequence."""
-    results = list(ec.check_sampled("ngram", ngram_options(), mutant.name, scenarios=[WARPED]))
+    warped = [s for s in ec.SCENARIOS if s.name == "warped"]
+    results = list(ec.check_sampled("ngram", ngram_options(), mutant.name, scenarios=warped))
     law = results[0]
     assert law.property == "engine/law/warped"
     assert not law.passed, law.detail
@@ -131,7 +131,12 @@ def test_a_drafter_whose_q_applies_the_temperature_twice_fails(mutant_plugins):
     """Visible only away from temperature 1 and with a draft model peaked enough for the
     temperature to matter: the target itself as draft model."""
     results = list(
-        ec.check_sampled(QTwice.name, {"model": "target"}, "rejection", scenarios=[WARPED])
+        ec.check_sampled(
+            QTwice.name,
+            {"model": "target"},
+            "rejection",
+            scenarios=[s for s in ec.SCENARIOS if s.name == "warped"],
+        )
     )
     assert results[0].property == "engine/law/warped"
     assert not results[0].passed, results[0].detail
