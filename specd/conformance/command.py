@@ -35,6 +35,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         args.verifier,
         options,
         seed=args.seed,
+        thorough=args.thorough,
         keep_going=args.keep_going,
         on_result=show,
     )
@@ -83,6 +84,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="drafter constructor option (repeatable); overrides the drafter's conformance_options",
     )
     p.add_argument("--seed", type=int, default=0, help="base seed of every check (default: 0)")
+    p.add_argument(
+        "--thorough",
+        action="store_true",
+        help="sample four times more sequences through the engine: finer sensitivity, a few "
+        "times longer (docs/verification.md)",
+    )
     p.add_argument("--keep-going", action="store_true", help="run every check even after a failure")
     p.add_argument("--json", action="store_true", help="print one JSON report")
     p.set_defaults(func=cmd_verify)

@@ -24,6 +24,7 @@ from .engine_scenarios import (
     EngineScenario,
     conformance_prompt,
     conformance_target,
+    engine_scenarios,
     sequence_law,
 )
 from .gtest import ALPHA, g_test
@@ -39,6 +40,7 @@ __all__ = [
     "conformance_prompt",
     "conformance_target",
     "engine_checks",
+    "engine_scenarios",
     "sequence_law",
 ]
 
@@ -107,14 +109,20 @@ class EngineBench:
 
 
 def engine_checks(
-    drafter: str, options: dict[str, Any], verifiers: dict[str, str], seed: int = 0
+    drafter: str,
+    options: dict[str, Any],
+    verifiers: dict[str, str],
+    seed: int = 0,
+    thorough: bool = False,
 ) -> Iterator[Result]:
-    """Greedy identity (when a greedy verifier is given), then the sampled law and seeding
-    (when a sampled one is)."""
+    """Greedy identity (when a greedy verifier is given), then the sampled laws and seeding
+    (when a sampled one is); ``thorough`` samples more sequences per scenario."""
     if "greedy" in verifiers:
         yield check_greedy_identity(drafter, options, verifiers["greedy"])
     if "sampled" in verifiers:
-        yield from check_sampled(drafter, options, verifiers["sampled"], seed=seed)
+        yield from check_sampled(
+            drafter, options, verifiers["sampled"], engine_scenarios(thorough), seed=seed
+        )
 
 
 def check_greedy_identity(drafter: str, options: dict[str, Any], verifier: str) -> Result:

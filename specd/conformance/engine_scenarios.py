@@ -10,7 +10,7 @@ horizon its sequence law is enumerated exactly: the target run on every prefix, 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -81,6 +81,7 @@ class EngineScenario:
     :param params: temperature, top-k and top-p.
     :param sensitivity_kl: the smallest departure (KL, nats) the check rejects with
         probability >= 0.999 at :data:`specd.conformance.gtest.ALPHA` (docs/verification.md).
+    :param thorough_sensitivity_kl: the same with :data:`THOROUGH_FACTOR` times the samples.
     :param seed_offset: added to every seed, so scenarios draw independent sequences.
     """
 
@@ -88,6 +89,7 @@ class EngineScenario:
     params: dict[str, Any]
     samples: int
     sensitivity_kl: float
+    thorough_sensitivity_kl: float
     prompt: Callable[[Target], list[int]]
     seed_offset: int = 0
     horizon: int = HORIZON
@@ -95,14 +97,23 @@ class EngineScenario:
     def sampling(self, seed: int | None = None) -> SamplingParams:
         return SamplingParams(max_tokens=self.horizon, seed=seed, **self.params)
 
+    def thorough(self) -> EngineScenario:
+        """The scenario with :data:`THOROUGH_FACTOR` times the samples (``--thorough``)."""
+        return replace(
+            self,
+            samples=self.samples * THOROUGH_FACTOR,
+            sensitivity_kl=self.thorough_sensitivity_kl,
+        )
+
 
 #: Temperature 1 with top-k 2 and top-p 0.95 on the target's own cycle: drafts are often
 #: accepted, so the accept path and full accepts are exercised.
 SAMPLED = EngineScenario(
     "sampled",
     dict(temperature=1.0, top_k=2, top_p=0.95),
-    samples=2_400,
-    sensitivity_kl=0.02,
+    samples=1_200,
+    sensitivity_kl=0.04,
+    thorough_sensitivity_kl=0.01,
     prompt=conformance_prompt,
 )
 #: Temperature 0.7 with top-k 3 and top-p 0.9 (both cut real mass) on a prompt the target
@@ -114,7 +125,15 @@ WARPED = EngineScenario(
     dict(temperature=0.7, top_k=3, top_p=0.9),
     samples=1_200,
     sensitivity_kl=0.053,
+    thorough_sensitivity_kl=0.015,
     prompt=lambda target: list(DISAGREEING_PROMPT),
     seed_offset=500_000,
 )
 SCENARIOS = (SAMPLED, WARPED)
+#: ``specd verify --thorough`` samples this many times more sequences per scenario.
+THOROUGH_FACTOR = 4
+
+
+def engine_scenarios(thorough: bool = False) -> tuple[EngineScenario, ...]:
+    """The scenarios a run samples: :data:`SCENARIOS`, or their thorough versions."""
+    return tuple(s.thorough() for s in SCENARIOS) if thorough else SCENARIOS

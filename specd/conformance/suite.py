@@ -70,6 +70,7 @@ def checks(
     verifiers: dict[str, str],
     options: dict[str, Any],
     seed: int = 0,
+    thorough: bool = False,
 ) -> Generator[Result, None, None]:
     """Each verifier alone, cheapest first, then the drafter through the engine."""
     by_name: dict[str, set[str]] = {}
@@ -78,7 +79,7 @@ def checks(
     for name, modes in by_name.items():
         yield from verifier_checks(registry.make("verifiers", name), modes, seed=seed)
     if drafter is not None:
-        yield from engine_checks(drafter, options, verifiers, seed=seed)
+        yield from engine_checks(drafter, options, verifiers, seed=seed, thorough=thorough)
 
 
 def run(
@@ -87,6 +88,7 @@ def run(
     options: dict[str, Any] | None = None,
     *,
     seed: int = 0,
+    thorough: bool = False,
     keep_going: bool = False,
     on_result: Callable[[Result], None] | None = None,
 ) -> Report:
@@ -97,13 +99,14 @@ def run(
         then used with the drafter; None checks and uses the engine's defaults.
     :param options: drafter constructor options, over the drafter's ``conformance_options``.
     :param seed: base seed; every check is reproducible for a given seed.
+    :param thorough: sample more sequences through the engine (finer sensitivity, longer).
     :param keep_going: run every check even after one failed.
     :param on_result: called with each result as it arrives.
     :returns: the report; ``report.passed`` is True when every property held.
     """
     verifiers, merged = plan(drafter, verifier, options)
     report = Report(drafter=drafter, verifiers=verifiers, options=merged)
-    with closing(checks(drafter, verifiers, merged, seed=seed)) as results:
+    with closing(checks(drafter, verifiers, merged, seed=seed, thorough=thorough)) as results:
         for result in results:
             report.results.append(result)
             if on_result is not None:

@@ -64,7 +64,11 @@ def test_verifier_sample_size_meets_its_sensitivity(scenario):
     assert required_samples(VERIFIER_SENSITIVITY_KL, df) <= VERIFIER_SAMPLES
 
 
-@pytest.mark.parametrize("scenario", ec.SCENARIOS, ids=lambda s: s.name)
+@pytest.mark.parametrize(
+    "scenario",
+    [*ec.engine_scenarios(), *ec.engine_scenarios(thorough=True)],
+    ids=lambda s: f"{s.name}-{s.samples}",
+)
 def test_engine_sample_size_meets_its_sensitivity(scenario):
     target = ec.conformance_target()
     law = ec.sequence_law(target, scenario.prompt(target), scenario.sampling(), scenario.horizon)
@@ -106,7 +110,7 @@ SMALLEST_BIAS = [
     ("verifier/law/tree-iid", 0.0011, 1.43, 0.61),
     ("verifier/law/tree-distinct", 0.001, 1.09, 0.91),
     ("verifier/law/warped", 0.0021, 1.15, 0.87),
-    ("engine/law/sampled", 0.073, 1.25, 0.78),
+    ("engine/law/sampled", 0.102, 1.37, 0.69),
     ("engine/law/warped", 0.0058, 1.47, 0.69),
 ]
 VERIFIER_PARENTS = {"chain-sampled": [-1, 0], "tree-iid": [-1, -1, 0]}
