@@ -121,3 +121,24 @@ def test_bad_input_exits_2_naming_it(capsys, args, needle):
     code, out, err = verify(capsys, *args)
     assert code == 2
     assert needle in err
+
+
+def test_thorough_reaches_the_engine_checks_with_four_times_the_samples(capsys, monkeypatch):
+    """The flag is wired through to the scenarios the engine samples."""
+    from specd.conformance import suite
+    from specd.conformance.engine_scenarios import SCENARIOS, engine_scenarios
+
+    seen = []
+
+    def engine_checks(drafter, options, verifiers, seed=0, thorough=False):
+        seen.append(thorough)
+        return iter(())
+
+    monkeypatch.setattr(suite, "engine_checks", engine_checks)
+    monkeypatch.setattr(suite, "verifier_checks", lambda *a, **k: iter(()))
+    assert verify(capsys, "--drafter", "ngram", "--thorough")[0] == 0
+    assert verify(capsys, "--drafter", "ngram")[0] == 0
+    assert seen == [True, False]
+    assert [s.samples for s in engine_scenarios(thorough=True)] == [
+        4 * s.samples for s in SCENARIOS
+    ]
