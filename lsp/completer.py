@@ -114,7 +114,7 @@ class Completer:
             req.workspace.refresh()
             corpus = req.workspace.corpus
         prompt = self.build_prompt(req)
-        shape = postprocess.shape_for(req.cursor, mode=s.mode, max_lines=s.max_lines)
+        shape = postprocess.shape_for(req.cursor, mode=s.mode, max_lines=s.max_lines, path=req.path)
         params = self.params
         if s.max_tokens is not None:
             params = dataclasses.replace(params, max_tokens=s.max_tokens)
