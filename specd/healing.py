@@ -95,9 +95,10 @@ class TokenBytes:
         names = list(convert(list(range(n)))) if callable(convert) else None
         pieces: list[bytes]
         if names is not None and _is_byte_level(names, special):
-            unbyte = {c: b for b, c in _byte_chars().items()}
+            # each character stands for one byte: map it to the code point of that byte
+            unbyte = str.maketrans({c: chr(b) for b, c in _byte_chars().items()})
             pieces = [
-                b"" if i in special or not s else bytes(unbyte[c] for c in s)
+                b"" if i in special or not s else s.translate(unbyte).encode("latin-1")
                 for i, s in enumerate(names)
             ]
         elif names is not None and any(isinstance(s, str) and s.startswith("▁") for s in names):
@@ -213,9 +214,8 @@ def _byte_chars() -> dict[int, str]:
 
 
 def _is_byte_level(names: Sequence[Any], special: set[int]) -> bool:
-    alphabet = set(_byte_chars().values())
-    texts = [s for i, s in enumerate(names) if i not in special and isinstance(s, str)]
-    return bool(texts) and all(set(s) <= alphabet for s in texts) and any("Ġ" in s for s in texts)
+    texts = "".join(s for i, s in enumerate(names) if i not in special and isinstance(s, str))
+    return "Ġ" in texts and set(texts) <= set(_byte_chars().values())
 
 
 def _sentencepiece(name: Any) -> bytes:
