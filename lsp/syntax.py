@@ -117,7 +117,7 @@ def _chunk(head: list[str], tail: list[str]) -> tuple[list[str], list[str], int]
     indent = min(_width(window[i]) for i in starts)
     start = max(i for i in starts if _width(window[i]) == indent)
     before = [_dedent(ln, indent) for ln in window[start:]]
-    after: list[str] = []
+    after: list[str | None] = []
     for ln in tail[:CHUNK_LINES]:
         if ln.strip() and not ln.strip().startswith("#"):
             w = _width(ln)
