@@ -100,7 +100,7 @@ def shape_for(cursor: Cursor, *, mode: str = "auto", max_lines: int = 8, path: s
 
 def should_stop(text: str, shape: Shape) -> bool:
     """True when more generated text cannot change the completion."""
-    lines = text.split("\n")
+    lines = _at_cursor(text.split("\n"), shape)
     if shape.mode == "line" or len(lines) > shape.max_lines or len(lines) == 1:
         return len(lines) > shape.max_lines
     # the last line may still grow (its indentation too): judge the ended ones
@@ -116,7 +116,7 @@ def finish(text: str, shape: Shape, *, finish_reason: str = "") -> str:
     lines = text.replace("\r\n", "\n").split("\n")
     if finish_reason in CUT_SHORT and len(lines) > 1:
         lines = lines[:-1]
-    lines[0] = _fit_first_line(lines[0], shape)
+    lines = _at_cursor(lines, shape)
     keep, _ = _scan(lines, shape)
     lines = [ln.rstrip() for ln in lines[:keep]]
     while len(lines) > 1 and not lines[-1]:
@@ -163,6 +163,28 @@ def _scan(lines: list[str], shape: Shape) -> tuple[int, bool]:
         seen_body = True
         blank_before = False
     return len(lines), False
+
+
+def _at_cursor(lines: list[str], shape: Shape) -> list[str]:
+    """The lines starting at the cursor: on a blank line, no blank line first (the model's
+    newline before its code), and the first line fitted to the cursor's indentation."""
+    blank_line = not (shape.line_before + shape.line_after).strip()
+    if len(lines) > 1 and not lines[0].strip() and blank_line:
+        lines = lines[1:]
+        if shape.after_indent:  # the model's block moves to the cursor's indentation
+            shift = shape.indent - _width(lines[0])
+            lines = [lines[0], *(_shifted(ln, shift) for ln in lines[1:])]
+    return [_fit_first_line(lines[0], shape), *lines[1:]]
+
+
+def _shifted(line: str, shift: int) -> str:
+    """``line`` indented ``shift`` columns more (less when negative, as far as it can)."""
+    if not line.strip():
+        return line
+    if shift >= 0:
+        return " " * shift + line
+    expanded = line.expandtabs(TAB)
+    return expanded[min(-shift, _width(expanded)) :]
 
 
 def _fit_first_line(first: str, shape: Shape) -> str:
