@@ -118,8 +118,6 @@ class Completer:
         params = self.params
         if s.max_tokens is not None:
             params = dataclasses.replace(params, max_tokens=s.max_tokens)
-        if prompt.constraint is not None:  # the token healing cut from the prompt comes back
-            params = dataclasses.replace(params, max_tokens=params.max_tokens + 1)
 
         # Stopping early goes through the engine's cancel check (not gen.close()), so the
         # generation still ends normally and reports its stats.

@@ -60,9 +60,10 @@ def test_with_one_token_per_character_healing_changes_nothing_shown(completer, b
     on the way to the engine."""
     cursor = _cursor(before)
     budget = 120_000  # a budget no loaded machine runs out of
-    on = CompletionRequest(cursor, "a.py", Settings(time_budget_ms=budget, mode="line"))
+    # healing spends one token of max-tokens writing the cut character again
+    on = CompletionRequest(cursor, "a.py", Settings(time_budget_ms=budget, max_tokens=13))
     off = CompletionRequest(
-        cursor, "a.py", Settings(time_budget_ms=budget, mode="line", token_healing=False)
+        cursor, "a.py", Settings(time_budget_ms=budget, max_tokens=12, token_healing=False)
     )
     healed, plain = completer.complete(on), completer.complete(off)
     assert completer.build_prompt(on).constraint is not None
