@@ -114,7 +114,7 @@ class Completer:
             req.workspace.refresh()
             corpus = req.workspace.corpus
         prompt = self.build_prompt(req)
-        shape = postprocess.shape_for(req.cursor, mode=s.mode, max_lines=s.max_lines)
+        shape = postprocess.shape_for(req.cursor, mode=s.mode, max_lines=s.max_lines, path=req.path)
         params = self.params
         if s.max_tokens is not None:
             params = dataclasses.replace(params, max_tokens=s.max_tokens)
@@ -128,6 +128,7 @@ class Completer:
             cancel=lambda: halt.is_set() or req.cancel.is_set(),
             time_budget_s=s.time_budget_ms / 1000,
             corpus=corpus,
+            constraint=prompt.constraint,
         )
         raw = ""
         finish = ""
@@ -137,18 +138,22 @@ class Completer:
                 continue  # drain: the engine ends before its next target step
             piece, stopped = self._cut_at_stop(delta, prompt.stop_ids)
             raw += piece
-            if stopped or postprocess.should_stop(raw, shape):
+            shown = prompt.at_cursor(raw)  # without the text token healing writes again
+            if stopped or postprocess.should_stop(shown, shape):
                 finish = "stop" if stopped else "complete"
                 halt.set()
-            elif req.on_lines is not None and raw.count("\n") > lines_seen:
-                lines_seen = raw.count("\n")
-                req.on_lines(postprocess.finish(raw, shape))
+            elif req.on_lines is not None and shown.count("\n") > lines_seen:
+                lines_seen = shown.count("\n")
+                req.on_lines(postprocess.finish(shown, shape))
         completion = gen.completion
         stats = completion.stats if completion is not None else None
         finish = finish or (stats.finish_reason if stats is not None else "")
         if req.cancel.is_set() and finish in ("", "cancelled"):
             finish = "cancelled"
-        text = "" if finish == "cancelled" else postprocess.finish(raw, shape, finish_reason=finish)
+        shown = prompt.at_cursor(raw)
+        text = (
+            "" if finish == "cancelled" else postprocess.finish(shown, shape, finish_reason=finish)
+        )
         ids = completion.token_ids if completion is not None else []
         if stats is not None and finish != "cancelled":
             self.metrics.record(stats, text=text)
@@ -180,6 +185,7 @@ class Completer:
             path=req.path,
             others=others,
             budget=budget,
+            heal=self.engine.heal if s.token_healing else None,
         )
 
     def _cut_at_stop(self, delta: Any, stop_ids: frozenset[int]) -> tuple[str, bool]:

@@ -41,6 +41,9 @@ class Settings(
     context_tokens: NonNegative = 512
     #: prompt template: "auto" picks it from the model's tokenizer; "none" is prefix-only
     fim: Literal["auto", "none", "starcoder", "qwen", "codellama", "deepseek", "codestral"] = "auto"
+    #: back the prompt up to a token boundary and have the model write the cut text again
+    #: (a cursor inside a word or after an indent gets the model's natural tokens)
+    token_healing: bool = True
     #: draft from an n-gram index over open documents and accepted completions
     workspace_drafting: bool = True
     #: documents longer than this are not indexed for drafting

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlparse
 
+from specd import Constraint
+
 from .documents import Cursor
 
 PREFIX_ONLY = "prefix-only"
@@ -172,14 +174,27 @@ class ContextDocument:
     tokens: Sequence[int]
 
 
+#: Token healing: prompt ids -> the ids backed up to a token boundary and the constraint
+#: that writes the removed text again (``Engine.heal``).
+Healer = Callable[[list[int]], tuple[list[int], Constraint | None]]
+
+
 @dataclass
 class Prompt:
+    """A prompt as token ids. With token healing, ``constraint`` holds the text cut from
+    the end of the prefix: the model writes it again first, and it is not shown."""
+
     ids: list[int]
     template: str
     stop_ids: frozenset[int] = frozenset()
     context_documents: int = 0
     prefix_tokens: int = 0
     suffix_tokens: int = 0
+    constraint: Constraint | None = None
+
+    def at_cursor(self, generated: str) -> str:
+        """The generated text that goes after the cursor: without the healed text."""
+        return generated if self.constraint is None else self.constraint.strip(generated)
 
 
 @dataclass(frozen=True)
@@ -197,14 +212,34 @@ def build(
     path: str = "",
     others: Sequence[ContextDocument] = (),
     budget: Budget = Budget(),
+    heal: Healer | None = None,
 ) -> Prompt:
     """The prompt for completing at ``cursor``.
 
     :param template: the FIM template, or None for prefix-only.
     :param path: the current file's path (for file headers), relative to the workspace.
     :param others: other open documents, best first; they fill ``budget.context_tokens``.
+    :param heal: token healing (``Engine.heal``): the prefix ends at a clean token boundary
+        and the prompt's ``constraint`` writes the rest up to the cursor.
     """
     prefix = _tail(vocab.encode(cursor.before), budget.prefix_tokens)
+    constraint = None
+    if heal is not None:
+        prefix, constraint = heal(prefix)
+    prompt = _build(template, vocab, prefix, cursor, path, others, budget)
+    prompt.constraint = constraint
+    return prompt
+
+
+def _build(
+    template: Template | None,
+    vocab: Vocabulary,
+    prefix: list[int],
+    cursor: Cursor,
+    path: str,
+    others: Sequence[ContextDocument],
+    budget: Budget,
+) -> Prompt:
     if template is None:
         return _prefix_only(vocab, prefix, path, others, budget)
 

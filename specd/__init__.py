@@ -11,6 +11,7 @@ from .errors import (
     UnknownPluginError,
 )
 from .generation import Completion, Delta, Generation
+from .healing import Constraint
 from .hookspecs import hookimpl
 from .ngram_index import CorpusIndex, NgramIndex
 from .sampling import SamplingParams, sample, warp
@@ -22,6 +23,7 @@ __version__ = "0.1.0"
 __all__ = [
     "BadInputError",
     "Completion",
+    "Constraint",
     "CorpusIndex",
     "Delta",
     "Draft",

@@ -25,6 +25,7 @@ from .api import DraftContext
 from .draft import Draft, Verdict
 from .errors import BadInputError
 from .generation import Completion, Delta, Emitter, Generation
+from .healing import Constraint, Guide, TokenBytes, heal
 from .isolation import PluginGuard
 from .kvcache import KVCache
 from .ngram_index import Corpus
@@ -95,6 +96,7 @@ class Engine:
         self.guard = PluginGuard(failure_limit=plugin_failure_limit, timeout_s=plugin_timeout_s)
         self.plugins = PluginInstances(self.guard, dict(drafter_options or {}))
         self.corpus: Corpus | None = None
+        self._token_bytes: TokenBytes | None = None
         self._lock = threading.Lock()
         # Validate the defaults now so a bad name fails at start, not at the first request.
         check_names(drafter, verifier, exit_policy)
@@ -125,6 +127,19 @@ class Engine:
     def tokenize(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
+    def heal(self, prompt: Sequence[int]) -> tuple[list[int], Constraint | None]:
+        """Token healing: the prompt backed up to a clean token boundary, and the constraint
+        that makes the generation write the removed text again (see :mod:`specd.healing`).
+        Pass both to :meth:`stream`."""
+        return heal(prompt, self.token_bytes)
+
+    @property
+    def token_bytes(self) -> TokenBytes:
+        """The bytes each token writes (read from the tokenizer on first use)."""
+        if self._token_bytes is None:
+            self._token_bytes = TokenBytes.from_tokenizer(self.tokenizer, self.target.vocab_size)
+        return self._token_bytes
+
     def generate(
         self, prompt: str | Sequence[int], params: SamplingParams | None = None, **kw: Any
     ) -> Completion:
@@ -142,6 +157,7 @@ class Engine:
         cancel: Callable[[], bool] | threading.Event | None = None,
         time_budget_s: float | None = None,
         corpus: Corpus | None = None,
+        constraint: Constraint | None = None,
     ) -> Generation:
         """Start a generation and stream it.
 
@@ -153,6 +169,9 @@ class Engine:
         :param time_budget_s: wall-clock budget; when spent the generation ends with
             ``finish_reason == "time"``.
         :param corpus: extra text for drafters to copy from (default: the engine's).
+        :param constraint: the text the output must start with, written by tokens each of
+            which is a prefix of what is left of it or runs past its end (token healing;
+            :meth:`heal` makes the prompt and the constraint).
         :returns: a :class:`Generation`; iterate it for deltas.
         """
         params = params or SamplingParams()
@@ -181,6 +200,7 @@ class Engine:
             cancel=cancel,
             deadline=None if time_budget_s is None else time.monotonic() + time_budget_s,
             corpus=corpus if corpus is not None else self.corpus,
+            constraint=constraint,
         )
         self.plugins.for_request(req)
         return Generation(self._run(req))
@@ -230,6 +250,9 @@ class Engine:
             cache=cache,
         )
         out = Emitter(self.tokenizer, req.params, self.target.eos_token_ids, stats, t_start)
+        guide = None
+        if req.constraint is not None:
+            guide = Guide(req.constraint, self.token_bytes, self.target.vocab_size)
         try:
             spec.start(ctx)
             while not out.finish:
@@ -241,10 +264,14 @@ class Engine:
                 draft = spec.draft(ctx, room=out.room - 1)
                 t_drafted = time.perf_counter()
                 # verify: the pending token is the last committed one
-                step = self.verify(cache, ctx.tokens[-1], draft, spec, req.params, ctx.generator)
+                step = self.verify(
+                    cache, ctx.tokens[-1], draft, spec, req.params, ctx.generator, guide
+                )
                 stats.draft_s += t_drafted - t_step
                 stats.verify_s += time.perf_counter() - t_drafted
                 new = self.commit(cache, step, spec, ctx, stats)
+                if guide is not None:
+                    guide.commit(new)
                 delta = out.emit(new, t_step)
                 if delta is not None:
                     yield delta
@@ -287,10 +314,11 @@ class Engine:
         spec: Speculation,
         params: SamplingParams,
         generator: torch.Generator,
+        guide: Guide | None = None,
     ) -> Step:
         """One target forward over ``[pending, *draft]`` and the verifier's decision. With
         no draft, or when the verifier fails, the target's own token at the root is taken
-        (a failed verifier costs only its draft)."""
+        (a failed verifier costs only its draft). ``guide`` is the request's constraint."""
         base = cache.length
         tokens = [pending]
         parents = None
@@ -300,19 +328,27 @@ class Engine:
         # tokens: [1 + N] -> logits: [1 + N, V]
         out = self.target.forward(cache, tokens, parents, hidden=spec.wants_hidden)
         # p: [1 + N, V]; row 0 is the target's distribution at the root, row i + 1 after node i
-        p = self.distributions(out.logits, params)
+        allowed = guide.allowed(draft, out.logits.device) if guide is not None else None
+        p = self.distributions(out.logits, params, allowed)
         verdict = spec.verify(draft, p, generator) if draft is not None else None
         if verdict is None:
             verdict = Verdict(path=[], token=_choose(p[0], params, generator))
         return Step(base, draft, verdict, out.hidden)
 
-    def distributions(self, logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    def distributions(
+        self, logits: torch.Tensor, params: SamplingParams, allowed: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """The target's distributions p, which the verifier and plain decoding draw from.
 
         :param logits: ``[1 + N, V]``: at the root (after the pending token) and after each
             draft node.
+        :param allowed: ``[1 + N, V]`` booleans from a constraint (token healing), or None.
+            Disallowed tokens are removed before warping, so greedy takes the argmax among
+            the allowed tokens and sampling the target's distribution renormalised over them.
         :returns: ``[1 + N, V]`` probabilities, warped by ``params``.
         """
+        if allowed is not None:
+            logits = logits.masked_fill(~allowed, float("-inf"))
         return warp(logits, params)
 
     def commit(

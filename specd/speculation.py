@@ -20,6 +20,7 @@ from . import registry
 from .api import DraftContext, Drafter, ExitPolicy, Verifier
 from .draft import Draft, Verdict
 from .errors import BadInputError, PluginError
+from .healing import Constraint
 from .isolation import PluginFailed, PluginGuard
 from .ngram_index import Corpus
 from .sampling import SamplingParams
@@ -42,6 +43,7 @@ class Request:
     cancel: Callable[[], bool] | None = None
     deadline: float | None = None  # time.monotonic() value
     corpus: Corpus | None = None
+    constraint: Constraint | None = None  # token healing: the text the output starts with
     # Plugin instances, built when the request is made (None: plain decoding).
     drafter_obj: Drafter | None = None
     verifier_obj: Verifier | None = None

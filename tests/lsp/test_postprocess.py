@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 from specd.lsp.documents import Document
 from specd.lsp.postprocess import finish, shape_for, should_stop
 
@@ -78,3 +81,41 @@ def test_time_budget_drops_an_unfinished_line_in_a_block():
 def test_crlf_documents_get_crlf_completions():
     shape = _shape("def f():|\r\n")
     assert finish("\n    return 1", shape) == "\r\n    return 1"
+
+
+# -- golden files ---------------------------------------------------------------------------
+# Each case is a pair under tests/lsp/golden/: NAME.in holds header lines (``source:`` the
+# real file the document comes from, ``finish:`` why generation ended, optionally
+# ``mode:``), then ``--- document`` and the document with the cursor marked by CURSOR, then
+# ``--- model`` and what the model wrote after the cursor. NAME.out is the suggestion the
+# editor must show. Both end with one newline that is not part of the text.
+
+GOLDEN = Path(__file__).parent / "golden"
+CURSOR = "█"
+
+
+def _read_case(path: Path) -> tuple[dict[str, str], str, str]:
+    text = path.read_text(encoding="utf-8")
+    header, rest = text.split("--- document\n", 1)
+    document, model = rest.split("\n--- model\n", 1)
+    fields = dict(line.split(": ", 1) for line in header.splitlines() if line.strip())
+    return fields, document, model.removesuffix("\n")
+
+
+@pytest.mark.parametrize("case", sorted(GOLDEN.glob("*.in")), ids=lambda p: p.stem)
+def test_golden(case: Path):
+    fields, document, model = _read_case(case)
+    expected = case.with_suffix(".out").read_text(encoding="utf-8").removesuffix("\n")
+    i = document.index(CURSOR)
+    doc = Document("file:///w/" + fields["source"], document[:i] + document[i + 1 :])
+    line = document[:i].count("\n")
+    col = len(document[:i].rsplit("\n", 1)[-1])
+    cursor = doc.cursor(doc.resolve(line, col), before_chars=12_288, after_chars=2048)
+    shape = shape_for(cursor, mode=fields.get("mode", "auto"), path=fields["source"])
+    assert finish(model, shape, finish_reason=fields.get("finish", "eos")) == expected
+
+
+def test_there_are_many_golden_cases():
+    """Guards against a glob that silently matches nothing."""
+    assert len(list(GOLDEN.glob("*.in"))) >= 40
+    assert all(p.with_suffix(".out").exists() for p in GOLDEN.glob("*.in"))
