@@ -24,8 +24,6 @@ from .documents import Cursor
 ANCHOR_CHARS = 1024
 #: characters after the cursor that must be unchanged for an entry to apply
 AFTER_CHARS = 256
-#: finish reasons where the model itself ended the text (its last line is whole)
-NATURAL_ENDS = ("eos", "stop")
 
 
 @dataclass
@@ -64,11 +62,12 @@ class Hit:
 
     @property
     def usable(self) -> str:
-        """The part of :attr:`rest` that may be shown: all of it when the model ended the
-        text itself, else its finished lines (the last one may still change, or was cut
-        by a limit)."""
+        """The part of :attr:`rest` that may be shown: its finished lines while the
+        generation runs (the last line may still change) or after it was interrupted;
+        all of it once the generation ended, for post-processing to judge exactly as it
+        judged the first answer."""
         rest = self.rest
-        if self.entry.finish_reason in NATURAL_ENDS:
+        if self.entry.done and self.entry.finish_reason != "cancelled":
             return rest
         return rest[: rest.rfind("\n") + 1]
 
