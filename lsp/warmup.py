@@ -185,9 +185,15 @@ class Background:
         if req is None:
             return
         self._warmed_line[uri] = req.cursor.line
+
+        def run(job: Job) -> tuple[int, int]:
+            if self.version_of(uri) != version:
+                return 0, 0  # edited while it waited: a request or a newer warm-up knows better
+            return self.completer.warm(req)
+
         job = Job(
             key=f"{self.key}warm:{uri}",
-            run=lambda job: self.completer.warm(req),
+            run=run,
             done=self._done("warmups"),
             cancel_event=req.cancel,
             background=True,

@@ -190,11 +190,9 @@ class Engine:
         chunk: int = WARM_CHUNK,
     ) -> tuple[int, int]:
         """Prefill ``prompt`` into the prefix cache before it is asked for, so a request
-        for it (or for a prompt extending it) computes only what follows.
-
-        Runs in chunks of ``chunk`` tokens and checks ``cancel`` between them; what was
-        computed before a cancel stays cached, so a request that cancels a warm-up
-        continues from where the warm-up stopped instead of starting over.
+        for it (or for a prompt extending it) computes only what follows. ``cancel`` is
+        checked between chunks of ``chunk`` tokens; what was computed stays cached, so a
+        request that cancels a warm-up continues where it stopped.
 
         :returns: (tokens that were already cached, tokens computed now).
         """
@@ -205,6 +203,8 @@ class Engine:
             cancel = cancel.is_set
         head = ids[:-1]  # what a request for ``ids`` keeps in its cache (all but the pending)
         with self._lock:
+            if self.prefix_cache.cached(head) == len(head):
+                return len(head), 0  # acquiring would crop away what follows it
             cache, reused = self.prefix_cache.acquire(head)
             try:
                 for start in range(reused, len(head), chunk):

@@ -68,6 +68,17 @@ def test_a_request_continues_a_cancelled_warm_up_where_it_stopped(engine):
     assert result.stats.reused_tokens == 100
 
 
+def test_warming_a_prompt_already_held_keeps_what_was_generated_after_it(engine):
+    """Guards against a warm-up of a stale prompt cropping the cache entry that holds it
+    and the tokens generated after it: the next request would compute them again."""
+    engine.prefix_cache.clear()
+    prompt = _prompt(120, start=5)
+    first = engine.generate(prompt, SamplingParams(max_tokens=8))
+    assert engine.warm(prompt) == (119, 0)
+    follow = prompt + first.token_ids[:6]
+    assert engine.generate(follow, SamplingParams(max_tokens=2)).stats.reused_tokens == 125
+
+
 # -- the worker: requests before background jobs --------------------------------------------------
 
 
