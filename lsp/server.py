@@ -231,10 +231,16 @@ class SpecdServer(Answers, LanguageServer):
             raise asyncio.CancelledError()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[CompletionResult | None] = loop.create_future()
+
+        def done(result: Any, error: BaseException | None, job: Job) -> None:
+            if request.entry is not None and not request.entry.done:  # it never ran
+                request.entry.finish_reason = "cancelled"  # requests waiting on it go on
+            _call_soon(loop, _settle, future, result, error)
+
         job = Job(
             key=self._key(request.uri),
             run=lambda job: self.service.completer.complete(request),
-            done=lambda result, error, job: _call_soon(loop, _settle, future, result, error),
+            done=done,
             cancel_event=request.cancel,
         )
         if pipeline and (s.first_line or s.completion_cache):

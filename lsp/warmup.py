@@ -155,7 +155,7 @@ class Background:
         job = Job(
             key=f"{self.key}prefetch:{req.uri}",
             run=lambda job: self.completer.complete(req),
-            done=self._done("prefetches"),
+            done=self._done("prefetches", req),
             cancel_event=req.cancel,
             background=True,
         )
@@ -200,8 +200,12 @@ class Background:
         )
         self.worker.submit(job)
 
-    def _done(self, counter: str) -> Callable[[Any, BaseException | None, Job], None]:
+    def _done(
+        self, counter: str, req: CompletionRequest | None = None
+    ) -> Callable[[Any, BaseException | None, Job], None]:
         def done(result: Any, error: BaseException | None, job: Job) -> None:
+            if req is not None and req.entry is not None and not req.entry.done:
+                req.entry.finish_reason = "cancelled"  # it never ran: nobody waits on it
             if error is not None or result is None:
                 if job.cancelled:
                     self.metrics.count("background_stopped")

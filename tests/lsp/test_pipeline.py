@@ -19,7 +19,9 @@ from specd.lsp.completer import Completer, CompletionRequest, CompletionResult
 from specd.lsp.config import Settings
 from specd.lsp.debounce import BURST_GAP_S, MAX_DELAY_S, Rhythm
 from specd.lsp.documents import Document
+from specd.lsp.metrics import Metrics
 from specd.lsp.scheduler import Job, Worker
+from specd.lsp.warmup import Background
 
 from specd import Completion, Delta, Engine, Generation, SamplingParams, Stats
 from specd.tiny import tiny_target
@@ -254,3 +256,36 @@ def test_the_debounce_follows_the_typing_rhythm_and_ends_at_a_pause():
     for i in range(10):
         hesitant.edited("a", now=i * BURST_GAP_S * 0.9)
     assert hesitant.request_delay("a", now=9 * BURST_GAP_S * 0.9) == MAX_DELAY_S
+
+
+# -- background work ---------------------------------------------------------------------------------
+
+
+def test_a_prefetch_superseded_before_it_ran_releases_its_cache_entry():
+    """Guards against a completion-cache entry whose generation never ran staying open:
+    a request typed along it would wait for its whole time budget for lines that never
+    come, instead of asking the model at once."""
+    engine = ScriptedEngine(BODY)
+    worker = Worker()
+    gate = threading.Event()
+    bg = Background(
+        worker,
+        Completer(engine),  # type: ignore[arg-type]
+        Metrics(),
+        key="1:",
+        request_at=lambda uri, pos: None,
+        version_of=lambda uri: 1,
+    )
+    try:
+        worker.submit(Job("1:gate", lambda job: gate.wait(10), lambda r, e, j: None))
+        first, second = _request(engine), _request(engine)
+        bg.prefetch(first)
+        bg.prefetch(second)  # the same document: the first, still queued, never runs
+        assert first.entry is not None and first.entry.finish_reason == "cancelled"
+        gate.set()
+        deadline = time.monotonic() + 10
+        while not (second.entry and second.entry.done) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert second.entry is not None and second.entry.raw == "".join(BODY)
+    finally:
+        worker.stop()
