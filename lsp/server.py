@@ -224,9 +224,14 @@ class SpecdServer(Answers, LanguageServer):
         if request is None:
             return CompletionResult("")
         s, bg = request.settings, self.background
-        if pipeline and s.completion_cache and (cached := await bg.from_cache(request)):
-            return cached
-        if not await bg.debounce(request):
+        try:
+            if pipeline and s.completion_cache and (cached := await bg.from_cache(request)):
+                return cached
+            fresh = await bg.debounce(request)
+        except asyncio.CancelledError:  # by the client, while it waited
+            self.service.metrics.cancel("client")
+            raise
+        if not fresh:
             self.service.metrics.cancel("changed")
             raise asyncio.CancelledError()
         loop = asyncio.get_running_loop()
