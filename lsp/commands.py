@@ -271,6 +271,11 @@ def cmd_stats(args: argparse.Namespace) -> int:
     print(
         f"prefix cache      hit rate {pc['hit_rate']:.0%}, {pc['reused_fraction']:.0%} of prompt tokens reused"
     )
+    pl = report.get("pipeline") or {}
+    if pl:
+        print(
+            f"suggestions       {pl['from_cache']} from cache ({pl['cache_waits']} after a wait), {pl['first_line_answers']} at the first line, {pl['prefetches']} prefetched, {pl['warmups']} warm-ups ({pl['warmed_tokens']} tokens), {pl['debounced']} debounced"
+        )
     return EXIT_OK
 
 

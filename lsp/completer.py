@@ -1,8 +1,13 @@
-"""The completion pipeline: prompt -> engine.stream -> post-process.
+"""The completion pipeline: prompt -> prefill -> engine.stream -> post-process.
 
 The language server and ``specd complete`` both run exactly this. It runs on one thread
 at a time (the server's generation worker, or the CLI's main thread) and reads only the
 immutable :class:`CompletionRequest` it is given, never live documents.
+
+The prompt's prefill is not charged to the time budget (it only stops on cancellation):
+a budget spent on the prefill would leave nothing to show. In the server a request
+answers as soon as its first line is complete (``on_answer``) and the generation goes
+on in the background, writing into the completion cache (:mod:`.cache`).
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +23,7 @@ from typing import Any
 from specd import Engine, SamplingParams, Stats
 
 from . import postprocess, prompting
+from .cache import Entry
 from .config import Settings
 from .documents import Cursor, Document, Position
 from .metrics import Metrics
@@ -29,13 +36,32 @@ log = logging.getLogger(__name__)
 MIN_AFTER_CHARS = 400
 
 
-def cursor_at(doc: Document, pos: Position, settings: Settings) -> Cursor:
-    """The text around ``pos`` that a completion with these settings may use."""
+def cursor_at(
+    doc: Document,
+    pos: Position,
+    settings: Settings,
+    chars_per_token: float = prompting.CHARS_PER_TOKEN,
+) -> Cursor:
+    """The text around ``pos`` that a completion with these settings may use.
+
+    :param chars_per_token: the document's measured ratio. The text before the cursor is
+        cut (at an aligned line, see :meth:`Document.cursor`) to what fits the prefix
+        budget, so the prompt's token budget never has to cut it again: a cut by tokens
+        would move with every keystroke and invalidate the whole cached prompt.
+    """
     return doc.cursor(
         pos,
-        before_chars=settings.prefix_tokens * prompting.CHARS_PER_TOKEN,
+        before_chars=int(settings.prefix_tokens * min(chars_per_token, prompting.CHARS_PER_TOKEN)),
         after_chars=max(settings.suffix_tokens * prompting.CHARS_PER_TOKEN, MIN_AFTER_CHARS),
     )
+
+
+def chars_per_token(text: str, encode: Callable[[str], list[int]], sample: int = 20_000) -> float:
+    """Characters per token of ``text`` (its first ``sample`` characters), with a tenth
+    of margin so a window sized by it stays within its token budget."""
+    head = text[:sample]
+    n = len(encode(head)) if head.strip() else 0
+    return 0.9 * len(head) / n if n else float(prompting.CHARS_PER_TOKEN)
 
 
 @dataclass
@@ -46,6 +72,11 @@ class CompletionRequest:
         taken by the worker; their lines are never changed in place).
     :param on_lines: called on the worker thread with the post-processed text each time
         it gains a finished line (for partial results).
+    :param on_answer: called on the worker thread, once, with the answer as soon as its
+        first line is complete; the generation then goes on until ``max_tokens``, a line
+        cap or a cancel, only to fill ``entry`` (None: the generation ends at the answer).
+    :param entry: the completion-cache entry that receives what the model writes.
+    :param version: the document's version when the request was made.
     """
 
     cursor: Cursor
@@ -57,6 +88,9 @@ class CompletionRequest:
     cancel: threading.Event = field(default_factory=threading.Event)
     uri: str = ""
     on_lines: Callable[[str], None] | None = None
+    on_answer: Callable[[CompletionResult], None] | None = None
+    entry: Entry | None = None
+    version: int = 0
 
 
 @dataclass
@@ -105,30 +139,40 @@ class Completer:
         return self._templates[setting]
 
     def complete(self, req: CompletionRequest) -> CompletionResult:
-        """Run one completion to its end, its cancellation, or its time budget."""
+        """Run one completion to its answer (and, with ``on_answer``, on in the background),
+        its cancellation, or its time budget."""
         s = req.settings
         if req.cancel.is_set():
-            return CompletionResult("", finish_reason="cancelled")
-        corpus = None
-        if req.workspace is not None and s.workspace_drafting:
-            req.workspace.refresh()
-            corpus = req.workspace.corpus
+            return self._cancelled(req)
+        corpus = self._corpus(req)
         prompt = self.build_prompt(req)
         shape = postprocess.shape_for(req.cursor, mode=s.mode, max_lines=s.max_lines, path=req.path)
         params = self.params
         if s.max_tokens is not None:
             params = dataclasses.replace(params, max_tokens=s.max_tokens)
 
+        # prefill: unbudgeted, cancellable between chunks; a warm-up may have done it
+        t0 = time.perf_counter()
+        reused, _ = self.engine.warm(prompt.ids, req.cancel)
+        prefill_s = time.perf_counter() - t0
+        if req.cancel.is_set():
+            return self._cancelled(req)
+
         # Stopping early goes through the engine's cancel check (not gen.close()), so the
         # generation still ends normally and reports its stats.
         halt = threading.Event()
+        deadline = time.monotonic() + s.time_budget_ms / 1000
+        early = req.on_answer is not None  # answer at the first line
+        background = early and req.entry is not None  # then go on filling the cache
+        answer: CompletionResult | None = None
+
+        def stop() -> bool:
+            if halt.is_set() or req.cancel.is_set():
+                return True
+            return answer is None and time.monotonic() > deadline  # the budget: answers only
+
         gen = self.engine.stream(
-            prompt.ids,
-            params,
-            cancel=lambda: halt.is_set() or req.cancel.is_set(),
-            time_budget_s=s.time_budget_ms / 1000,
-            corpus=corpus,
-            constraint=prompt.constraint,
+            prompt.ids, params, cancel=stop, corpus=corpus, constraint=prompt.constraint
         )
         raw = ""
         finish = ""
@@ -139,25 +183,85 @@ class Completer:
             piece, stopped = self._cut_at_stop(delta, prompt.stop_ids)
             raw += piece
             shown = prompt.at_cursor(raw)  # without the text token healing writes again
-            if stopped or postprocess.should_stop(shown, shape):
-                finish = "stop" if stopped else "complete"
-                halt.set()
-            elif req.on_lines is not None and shown.count("\n") > lines_seen:
-                lines_seen = shown.count("\n")
-                req.on_lines(postprocess.finish(shown, shape))
+            if req.entry is not None:
+                req.entry.raw = shown
+            if stopped:
+                finish = "stop"
+            if answer is None:
+                done = stopped or postprocess.should_stop(shown, shape)
+                if done or (early and s.first_line and _first_line(shown, shape)):
+                    answer = self._answer(
+                        req, shown, shape, "stop" if stopped else "complete", done
+                    )
+                elif early and time.monotonic() > deadline:
+                    answer = self._answer(req, shown, shape, "time", False)
+                elif req.on_lines is not None and shown.count("\n") > lines_seen:
+                    lines_seen = shown.count("\n")
+                    req.on_lines(postprocess.finish(shown, shape))
+                if answer is not None and not background:
+                    halt.set()
+            elif stopped or shown.count("\n") > s.max_lines:
+                halt.set()  # the cache holds enough past the answer
         completion = gen.completion
         stats = completion.stats if completion is not None else None
-        finish = finish or (stats.finish_reason if stats is not None else "")
-        if req.cancel.is_set() and finish in ("", "cancelled"):
-            finish = "cancelled"
-        shown = prompt.at_cursor(raw)
-        text = (
-            "" if finish == "cancelled" else postprocess.finish(shown, shape, finish_reason=finish)
-        )
-        ids = completion.token_ids if completion is not None else []
-        if stats is not None and finish != "cancelled":
-            self.metrics.record(stats, text=text)
-        return CompletionResult(text, raw, list(ids), finish, prompt.template, stats)
+        if stats is not None:  # count the prefill done above as this request's own
+            stats.reused_tokens, stats.prefill_s = reused, prefill_s
+            stats.total_s += prefill_s
+            if stats.new_tokens:
+                stats.ttft_s += prefill_s
+        end = finish or (stats.finish_reason if stats is not None else "")
+        if end == "cancelled" and answer is None and not req.cancel.is_set():
+            end = "time"  # the deadline, checked in ``stop``
+        if req.entry is not None:
+            req.entry.finish_reason = end or "length"
+        if answer is None:
+            if req.cancel.is_set() and end in ("", "cancelled"):
+                return self._cancelled(req, stats)
+            answer = self._answer(req, prompt.at_cursor(raw), shape, end, True)
+        answer.raw_text = raw
+        answer.token_ids = list(completion.token_ids) if completion is not None else []
+        answer.template, answer.stats = prompt.template, stats
+        if stats is not None:
+            self.metrics.record(stats, text=answer.text)
+        return answer
+
+    def warm(self, req: CompletionRequest) -> tuple[int, int]:
+        """Prefill the prompt ``req`` would use, in the background (cancellable).
+
+        :returns: (tokens already cached, tokens computed now).
+        """
+        if req.cancel.is_set():
+            return 0, 0
+        self._corpus(req)
+        return self.engine.warm(self.build_prompt(req).ids, req.cancel)
+
+    def _answer(
+        self, req: CompletionRequest, raw: str, shape: postprocess.Shape, finish: str, done: bool
+    ) -> CompletionResult:
+        """The answer for the text so far, handed to ``on_answer`` if there is one."""
+        if done:
+            text = postprocess.finish(raw, shape, finish_reason=finish)
+        else:  # only finished lines: the last one may still change
+            text = postprocess.finish(raw[: raw.rfind("\n") + 1] or raw, shape)
+        if not text and raw.strip() and finish == "time":
+            text = postprocess.finish(raw, shape)  # never empty when the model wrote text
+        result = CompletionResult(text, raw, finish_reason=finish)
+        if not done:
+            self.metrics.count("first_line_answers")
+        if req.on_answer is not None:
+            req.on_answer(result)
+        return result
+
+    def _corpus(self, req: CompletionRequest) -> Any:
+        if req.workspace is not None and req.settings.workspace_drafting:
+            req.workspace.refresh()
+            return req.workspace.corpus
+        return None
+
+    def _cancelled(self, req: CompletionRequest, stats: Stats | None = None) -> CompletionResult:
+        if req.entry is not None:
+            req.entry.finish_reason = "cancelled"
+        return CompletionResult("", finish_reason="cancelled", stats=stats)
 
     def build_prompt(self, req: CompletionRequest) -> prompting.Prompt:
         s = req.settings
@@ -185,7 +289,6 @@ class Completer:
             path=req.path,
             others=others,
             budget=budget,
-            heal=self.engine.heal if s.token_healing else None,
         )
 
     def _cut_at_stop(self, delta: Any, stop_ids: frozenset[int]) -> tuple[str, bool]:
@@ -198,3 +301,9 @@ class Completer:
                     delta.token_ids[:i], skip_special_tokens=True
                 ), True
         return delta.text, False
+
+
+def _first_line(raw: str, shape: postprocess.Shape) -> bool:
+    """Whether ``raw`` holds a finished line that shows as a non-empty completion."""
+    cut = raw.rfind("\n")
+    return cut >= 0 and bool(postprocess.finish(raw[: cut + 1], shape).strip())

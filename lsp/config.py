@@ -54,6 +54,14 @@ class Settings(
     cancel_on_change: bool = True
     #: put document text in debug logs (off: logs carry sizes and ids, never code)
     log_code: bool = False
+    #: answer as soon as the first line is complete; the rest goes to the completion cache
+    first_line: bool = True
+    #: keep what the model writes past the answer; answer typed-along text from it
+    completion_cache: bool = True
+    #: prefill the next prompt in the background on open and when edits pause
+    warm_up: bool = True
+    #: wait this long for a keystroke that would make a request stale; "auto": by rhythm
+    debounce_ms: Annotated[int, msgspec.Meta(ge=0, le=2000)] | Literal["auto"] = "auto"
 
 
 _FIELD_IN_PATH = re.compile(r"at `\$\.([^`.\[]+)")

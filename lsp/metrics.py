@@ -13,7 +13,7 @@ from typing import Any
 
 from specd import Stats, percentile
 
-CANCEL_REASONS = ("client", "superseded", "changed", "shutdown")
+CANCEL_REASONS = ("client", "superseded", "changed", "preempted", "shutdown")
 
 
 class Metrics:
@@ -41,6 +41,15 @@ class Metrics:
         self.reused_tokens = 0
         self._position_drafted: list[int] = []
         self._position_accepted: list[int] = []
+        # the pipeline (docs/editors.md, "How suggestions are produced")
+        self.first_line_answers = 0  # answered at the first line, the rest generated after
+        self.from_cache = 0  # answered from the completion cache, no model step
+        self.cache_waits = 0  # of those, answered after waiting for a running generation
+        self.debounced = 0  # requests that waited for a keystroke that might make them stale
+        self.prefetches = 0  # completions generated after the user typed one through
+        self.warmups = 0  # prompts prefilled before they were asked for
+        self.warmed_tokens = 0  # tokens those warm-ups computed
+        self.background_stopped = 0  # background jobs stopped by a request or an edit
         self._histogram: list[int] = []  # [k]: target steps that produced k + 1 tokens
         self._ttft: deque[float] = deque(maxlen=window)
         self._tpot: deque[float] = deque(maxlen=window)
@@ -124,6 +133,17 @@ class Metrics:
                     "histogram": {str(k + 1): n for k, n in enumerate(self._histogram) if n},
                 },
                 "latency": {"ttft_s": _latency(ttft), "tpot_s": _latency(tpot)},
+                "pipeline": {
+                    "first_line_answers": self.first_line_answers,
+                    "from_cache": self.from_cache,
+                    "cache_waits": self.cache_waits,
+                    "from_cache_rate": self.from_cache / self.requests if self.requests else 0.0,
+                    "debounced": self.debounced,
+                    "prefetches": self.prefetches,
+                    "warmups": self.warmups,
+                    "warmed_tokens": self.warmed_tokens,
+                    "background_stopped": self.background_stopped,
+                },
                 "prefix_cache": {
                     "lookups": lookups,
                     "hits": hits,

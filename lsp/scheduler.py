@@ -5,6 +5,11 @@ runs. Each job has a key (session and document); submitting a job cancels every 
 with the same key: a queued one never starts, the running one stops at its next decode
 step (its cancel event is what ``Engine.stream`` checks). So a burst of keystrokes runs at
 most one generation per document, and only ever one at a time.
+
+Background jobs (warm-ups, prefetches, and a completion that has already answered and goes
+on filling the completion cache) run only when no request waits: a request that arrives
+cancels the running background job, which stops at its next prefill chunk or decode step
+and keeps what it computed in the prefix cache, so the request continues from there.
 """
 
 from __future__ import annotations
@@ -34,8 +39,10 @@ class Job:
     run: Callable[[Job], Any]
     done: Callable[[Any, BaseException | None, Job], None]
     cancel_event: threading.Event = field(default_factory=threading.Event)
-    reason: str | None = None  # why it was cancelled: client, superseded, changed, shutdown
+    reason: str | None = None  # client, superseded, changed, preempted, shutdown
     started: bool = False
+    #: yields to every request (set on the worker thread once a request has answered)
+    background: bool = False
 
     @property
     def cancelled(self) -> bool:
@@ -43,7 +50,8 @@ class Job:
 
 
 class Worker:
-    """The generation thread. ``on_start``/``on_end`` bracket each run (for metrics)."""
+    """The generation thread. ``on_start``/``on_end`` bracket each request's run (for
+    metrics); background jobs run unbracketed."""
 
     def __init__(
         self,
@@ -61,7 +69,8 @@ class Worker:
         self._thread.start()
 
     def submit(self, job: Job) -> None:
-        """Queue ``job``, superseding older jobs with its key."""
+        """Queue ``job``, superseding older jobs with its key; a request (not background)
+        also preempts the background job running now."""
         with self._cond:
             if self._stopping:
                 job.reason = "shutdown"
@@ -69,6 +78,11 @@ class Worker:
                 stale = [job]
             else:
                 stale = self._take(job.key, "superseded")
+                running = self._running
+                if not job.background and running is not None and running.background:
+                    if not running.cancel_event.is_set():
+                        running.reason = "preempted"
+                        running.cancel_event.set()
                 self._queue.append(job)
                 self._cond.notify()
         self._settle(stale)
@@ -86,10 +100,13 @@ class Worker:
         if queued:
             self._settle([job])
 
-    def cancel_key(self, key: str, reason: str) -> None:
-        """Cancel every job with ``key``; keys ending with ``*`` match as prefixes."""
+    def cancel_key(self, key: str, reason: str, *, background: bool = True) -> None:
+        """Cancel every job with ``key``; keys ending with ``*`` match as prefixes.
+
+        :param background: also cancel background jobs (False: only requests).
+        """
         with self._cond:
-            stale = self._take(key, reason)
+            stale = self._take(key, reason, background=background)
         self._settle(stale)
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -109,16 +126,20 @@ class Worker:
 
     # -- internals ------------------------------------------------------------------------
 
-    def _take(self, key: str, reason: str) -> list[Job]:
+    def _take(self, key: str, reason: str, *, background: bool = True) -> list[Job]:
         """Cancel the jobs matching ``key`` (lock held); :returns: the queued ones removed."""
-        match = (lambda k: k.startswith(key[:-1])) if key.endswith("*") else (lambda k: k == key)
-        removed = [j for j in self._queue if match(j.key)]
+        by_key = (lambda k: k.startswith(key[:-1])) if key.endswith("*") else (lambda k: k == key)
+
+        def match(job: Job) -> bool:
+            return by_key(job.key) and (background or not job.background)
+
+        removed = [j for j in self._queue if match(j)]
         for j in removed:
             self._queue.remove(j)
             j.reason = reason
             j.cancel_event.set()
         running = self._running
-        if running is not None and match(running.key) and not running.cancel_event.is_set():
+        if running is not None and match(running) and not running.cancel_event.is_set():
             running.reason = reason
             running.cancel_event.set()
         return removed
@@ -134,18 +155,21 @@ class Worker:
                     self._cond.wait()
                 if self._stopping and not self._queue:
                     return
-                job = self._queue.popleft()
+                # requests first, in order; then background jobs, in order
+                job = next((j for j in self._queue if not j.background), self._queue[0])
+                self._queue.remove(job)
                 self._running = job
             result, error = None, None
             job.started = True
-            if self._on_start:
+            counted = not job.background  # on_start/on_end bracket requests only
+            if self._on_start and counted:
                 self._on_start()
             try:
                 result = job.run(job)
             except BaseException as e:  # noqa: BLE001 - reported to the job's owner
                 error = e
             finally:
-                if self._on_end:
+                if self._on_end and counted:
                     self._on_end()
                 with self._cond:
                     self._running = None

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -27,25 +25,25 @@ from pygls.lsp.server import LanguageServer
 
 from specd import __version__
 
-from . import convert
-from .completer import CompletionRequest, CompletionResult, cursor_at
+from . import convert, prompting
+from .answers import ACCEPT_COMMAND, Answers
+from .completer import CompletionRequest, CompletionResult, chars_per_token, cursor_at
 from .config import overlay
-from .documents import UTF16, DocumentStore
+from .documents import UTF16, DocumentStore, Position
 from .prompting import display_path
 from .rpc import SpecdProtocol
 from .scheduler import Job
 from .service import Service
+from .warmup import Background
 from .workspace import WorkspaceIndex
 
 log = logging.getLogger(__name__)
 
-ACCEPT_COMMAND = "specd.accepted"
 STATS_METHOD = "specd/stats"
 COMPLETE_METHOD = "specd/complete"
-RECENT_COMPLETIONS = 64
 
 
-class SpecdServer(LanguageServer):
+class SpecdServer(Answers, LanguageServer):
     """One client's session: its documents, settings and drafting index.
 
     :param on_end: called once when the session ends (``exit``, end of input, a broken
@@ -69,8 +67,15 @@ class SpecdServer(LanguageServer):
         self.index = self._new_workspace()
         self.ended = False
         self._on_end = on_end
-        self._recent: OrderedDict[str, str] = OrderedDict()  # completion id -> text shown
-        self._partial_sent: OrderedDict[Any, str] = OrderedDict()  # token -> text sent
+        self._chars_per_token: dict[str, float] = {}  # uri -> measured at open
+        self.background = Background(
+            service.worker,
+            service.completer,
+            service.metrics,
+            key=self._key(""),
+            request_at=self.request_at,
+            version_of=lambda uri: getattr(self.documents.get(uri), "version", None),
+        )
         for method, options, handler in FEATURES:
             self.feature(method, options)(handler)
         self.command(ACCEPT_COMMAND)(accepted)
@@ -104,6 +109,7 @@ class SpecdServer(LanguageServer):
         if self.ended:
             return
         self.ended = True
+        self.background.stop()
         self.service.worker.cancel_key(f"{self.session_id}:*", "shutdown")
         if self._on_end is not None:
             self._on_end()
@@ -132,6 +138,8 @@ class SpecdServer(LanguageServer):
     def open(self, item: types.TextDocumentItem) -> None:
         doc = self.documents.open(item.uri, item.text, item.version, item.language_id)
         self.index.changed(doc)
+        self._chars_per_token[doc.uri] = chars_per_token(item.text, self.service.engine.tokenize)
+        self.background.opened(doc.uri, self.settings)
 
     def change(self, params: types.DidChangeTextDocumentParams) -> None:
         doc = self.documents.get(params.text_document.uri)
@@ -142,12 +150,17 @@ class SpecdServer(LanguageServer):
         doc.version = params.text_document.version
         self.index.changed(doc)
         self._notice_acceptance(params.content_changes)
-        if self.settings.cancel_on_change:
-            self.service.worker.cancel_key(self._key(doc.uri), "changed")
+        if self.settings.cancel_on_change:  # requests only: background work may still apply
+            self.service.worker.cancel_key(self._key(doc.uri), "changed", background=False)
+        self.background.edited(
+            doc.uri, _cursor_after(doc, params.content_changes, self.encoding), self.settings
+        )
 
     def close(self, uri: str) -> None:
         self.documents.close(uri)
         self.index.closed(uri)
+        self._chars_per_token.pop(uri, None)
+        self.background.closed(uri)
         self.service.worker.cancel_key(self._key(uri), "changed")
 
     def _notice_acceptance(self, changes: Sequence[Any]) -> None:
@@ -167,13 +180,29 @@ class SpecdServer(LanguageServer):
         doc = self.documents.get(uri)
         if doc is None:
             return None
-        s = self.settings
         pos = doc.resolve(position.line, position.character, self.encoding)
         if pos.clamped:
             self.service.metrics.count("clamped_positions")
-        cursor = cursor_at(doc, pos, s)
+        request = self.request_at(uri, pos)
+        if request is not None and partial_token is not None:
+            loop = asyncio.get_running_loop()
+            request.on_lines = lambda text: _call_soon(
+                loop, self._send_partial, partial_token, request, text
+            )
+        return request
+
+    def request_at(self, uri: str, pos: Position | None) -> CompletionRequest | None:
+        """A completion request at a resolved position (None: the end of the document)."""
+        doc = self.documents.get(uri)
+        if doc is None:
+            return None
+        s = self.settings
+        if pos is None:
+            pos = doc.resolve(len(doc.lines) - 1, 1 << 30)
+        ratio = self._chars_per_token.get(uri, prompting.CHARS_PER_TOKEN)
+        cursor = cursor_at(doc, pos, s, ratio)
         others = sorted(self.documents.others(uri), key=lambda d: d.language_id != doc.language_id)
-        request = CompletionRequest(
+        return CompletionRequest(
             cursor,
             display_path(uri, self.root_uri),
             s,
@@ -181,29 +210,53 @@ class SpecdServer(LanguageServer):
             root_uri=self.root_uri,
             workspace=self.index,
             uri=uri,
+            version=doc.version,
         )
-        if partial_token is not None:
-            loop = asyncio.get_running_loop()
-            request.on_lines = lambda text: _call_soon(
-                loop, self._send_partial, partial_token, request, text
-            )
-        return request
 
-    async def complete(self, request: CompletionRequest | None) -> CompletionResult:
-        """Run a request on the worker. A request cancelled by the client, by a newer
-        request for its document, or by an edit raises CancelledError, which pygls
-        answers with RequestCancelled."""
+    async def complete(
+        self, request: CompletionRequest | None, *, pipeline: bool = True
+    ) -> CompletionResult:
+        """Run a request: from the completion cache, else on the worker, answered at its
+        first line (``pipeline``; off: at its end, with its stats). A request cancelled by
+        the client, by a newer request for its document, or by an edit raises
+        CancelledError, which pygls answers with RequestCancelled."""
         self.service.metrics.count("requests")
         if request is None:
             return CompletionResult("")
+        s, bg = request.settings, self.background
+        try:
+            if pipeline and s.completion_cache and (cached := await bg.from_cache(request)):
+                return cached
+            fresh = await bg.debounce(request)
+        except asyncio.CancelledError:  # by the client, while it waited
+            self.service.metrics.cancel("client")
+            raise
+        if not fresh:
+            self.service.metrics.cancel("changed")
+            raise asyncio.CancelledError()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[CompletionResult | None] = loop.create_future()
+
+        def done(result: Any, error: BaseException | None, job: Job) -> None:
+            if request.entry is not None and not request.entry.done:  # it never ran
+                request.entry.finish_reason = "cancelled"  # requests waiting on it go on
+            _call_soon(loop, _settle, future, result, error)
+
         job = Job(
             key=self._key(request.uri),
             run=lambda job: self.service.completer.complete(request),
-            done=lambda result, error, job: _call_soon(loop, _settle, future, result, error),
+            done=done,
             cancel_event=request.cancel,
         )
+        if pipeline and (s.first_line or s.completion_cache):
+            if s.completion_cache:
+                request.entry = bg.cache.start(request.uri, request.cursor)
+
+            def answered(result: CompletionResult) -> None:  # on the worker thread
+                job.background = True  # from now on any request preempts it
+                _call_soon(loop, _settle, future, result, None)
+
+            request.on_answer = answered
         self.service.worker.submit(job)
         try:
             result = await future
@@ -219,69 +272,6 @@ class SpecdServer(LanguageServer):
             raise asyncio.CancelledError()
         return result
 
-    def accept_command(self, text: str) -> types.Command | None:
-        """The command an item runs when accepted (it reports the acceptance to us)."""
-        if not text:
-            return None
-        completion_id = uuid.uuid4().hex[:12]
-        self._recent[completion_id] = text
-        while len(self._recent) > RECENT_COMPLETIONS:
-            self._recent.popitem(last=False)
-        return types.Command(
-            title="specd: accepted", command=ACCEPT_COMMAND, arguments=[completion_id]
-        )
-
-    def accepted(self, completion_id: str) -> None:
-        text = self._recent.pop(completion_id, None)
-        if text:
-            self.index.accepted(text)
-
-    def inline_result(
-        self, request: CompletionRequest | None, result: CompletionResult
-    ) -> types.InlineCompletionList:
-        if request is None:
-            return types.InlineCompletionList(items=[])
-        return convert.inline_list(
-            result.text, request.cursor, self.encoding, self.accept_command(result.text)
-        )
-
-    def completion_result(
-        self, request: CompletionRequest | None, result: CompletionResult, partial_token: Any
-    ) -> types.CompletionList:
-        """Items for ``textDocument/completion``, marked incomplete so the client asks
-        again as the user types. With partial results, the completion goes through
-        ``$/progress`` and the response itself is empty, as the protocol asks."""
-        items: list[types.CompletionItem] = []
-        if request is not None and result.text:
-            if partial_token is None:
-                items = [
-                    convert.completion_item(
-                        result.text, request.cursor, self.encoding, self.accept_command(result.text)
-                    )
-                ]
-            elif self._partial_sent.get(partial_token) != result.text:
-                self._send_progress(partial_token, request, result.text, rank=1)
-        self._partial_sent.pop(partial_token, None)
-        return types.CompletionList(is_incomplete=True, items=items)
-
-    def _send_partial(self, token: Any, request: CompletionRequest, text: str) -> None:
-        """First finished line(s) of a completion still running: send them as an item."""
-        if token in self._partial_sent or not text.strip() or self.ended:
-            return
-        self._partial_sent[token] = text
-        while len(self._partial_sent) > RECENT_COMPLETIONS:  # tokens of cancelled requests
-            self._partial_sent.popitem(last=False)
-        self._send_progress(token, request, text, rank=0)
-
-    def _send_progress(
-        self, token: Any, request: CompletionRequest, text: str, *, rank: int
-    ) -> None:
-        item = convert.completion_item(
-            text, request.cursor, self.encoding, self.accept_command(text), rank=rank
-        )
-        value = [self.protocol._converter.unstructure(item)]
-        self.protocol.notify(types.PROGRESS, types.ProgressParams(token=token, value=value))
-
     def _key(self, uri: str) -> str:
         return f"{self.session_id}:{uri}"
 
@@ -293,6 +283,19 @@ def _settle(future: asyncio.Future, result: Any, error: BaseException | None) ->
         future.set_exception(error)
     else:
         future.set_result(result)
+
+
+def _cursor_after(doc: Any, changes: Sequence[Any], encoding: str) -> Position | None:
+    """Where the last ranged edit left the cursor: the end of its inserted text."""
+    change = changes[-1] if changes else None
+    rng = getattr(change, "range", None)
+    if change is None or rng is None:
+        return None
+    start = doc.resolve(rng.start.line, rng.start.character, encoding)
+    text = change.text.replace("\r\n", "\n").replace("\r", "\n")
+    if "\n" not in text:
+        return Position(start.line, start.column + len(text))
+    return Position(start.line + text.count("\n"), len(text.rsplit("\n", 1)[1]))
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> None:
@@ -383,7 +386,7 @@ async def complete(ls: SpecdServer, params: types.TextDocumentPositionParams) ->
     """specd/complete: the inline completion with its token ids and stats
     (``specd complete --server``)."""
     request = ls.request(params.text_document.uri, params.position)
-    result = await ls.complete(request)
+    result = await ls.complete(request, pipeline=False)
     return result.as_json()
 
 

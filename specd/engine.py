@@ -35,6 +35,10 @@ from .speculation import NO_DRAFTER, PluginInstances, Request, Speculation, chec
 from .stats import Stats
 from .target import Target
 
+#: Tokens a warm-up prefills between two looks at its cancel check: a request waits at
+#: most this long for the warm-up it interrupts.
+WARM_CHUNK = 64
+
 
 @dataclass
 class Step:
@@ -175,14 +179,7 @@ class Engine:
         :returns: a :class:`Generation`; iterate it for deltas.
         """
         params = params or SamplingParams()
-        ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
-        if not ids:
-            ids = self._empty_prompt_ids()
-        bad = [t for t in ids if not 0 <= t < self.target.vocab_size]
-        if bad:
-            raise BadInputError(
-                f"prompt token ids out of range [0, {self.target.vocab_size}): {bad[:5]}"
-            )
+        ids = self._prompt_ids(prompt)
         if isinstance(cancel, threading.Event):
             cancel = cancel.is_set
         d = drafter or self.default_drafter
@@ -205,9 +202,56 @@ class Engine:
         self.plugins.for_request(req)
         return Generation(self._run(req))
 
+    def warm(
+        self,
+        prompt: str | Sequence[int],
+        cancel: Callable[[], bool] | threading.Event | None = None,
+        *,
+        chunk: int = WARM_CHUNK,
+    ) -> tuple[int, int]:
+        """Prefill ``prompt`` into the prefix cache before it is asked for, so a request
+        for it (or for a prompt extending it) computes only what follows. ``cancel`` is
+        checked between chunks of ``chunk`` tokens; what was computed stays cached, so a
+        request that cancels a warm-up continues where it stopped.
+
+        :returns: (tokens that were already cached, tokens computed now).
+        """
+        if chunk < 1:
+            raise BadInputError(f"chunk must be >= 1, got {chunk}")
+        ids = self._prompt_ids(prompt)
+        if isinstance(cancel, threading.Event):
+            cancel = cancel.is_set
+        head = ids[:-1]  # what a request for ``ids`` keeps in its cache (all but the pending)
+        with self._lock:
+            if self.prefix_cache.cached(head) == len(head):
+                return len(head), 0  # acquiring would crop away what follows it
+            cache, reused = self.prefix_cache.acquire(head)
+            try:
+                for start in range(reused, len(head), chunk):
+                    if cancel is not None and cancel():
+                        break
+                    self.target.prefill(cache, head[start : start + chunk])
+            except BaseException:
+                cache.crop(0)
+                self.prefix_cache.release(cache, [])
+                raise
+            self.prefix_cache.release(cache, head[: cache.length])
+        return reused, cache.length - reused
+
     def plugin_health(self) -> dict[str, dict[str, Any]]:
         """Calls, failures and disabled state per plugin since the engine started."""
         return self.guard.snapshot()
+
+    def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
+        ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        if not ids:
+            ids = self._empty_prompt_ids()
+        bad = [t for t in ids if not 0 <= t < self.target.vocab_size]
+        if bad:
+            raise BadInputError(
+                f"prompt token ids out of range [0, {self.target.vocab_size}): {bad[:5]}"
+            )
+        return ids
 
     def _empty_prompt_ids(self) -> list[int]:
         bos = getattr(self.tokenizer, "bos_token_id", None)

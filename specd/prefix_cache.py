@@ -72,6 +72,11 @@ class PrefixCache:
             self.reused_tokens += best_n
             return entry.cache, best_n
 
+    def cached(self, tokens: Sequence[int]) -> int:
+        """How many of ``tokens`` the best entry holds, without taking or cropping it."""
+        with self._lock:
+            return max((common_prefix(e.tokens, tokens) for e in self._entries.values()), default=0)
+
     def release(self, cache: KVCache, tokens: Sequence[int]) -> None:
         """Return ``cache``, which now holds exactly ``tokens``."""
         if cache.length != len(tokens):

@@ -175,7 +175,9 @@ async def _wait_running(client: LanguageClient) -> None:
 
 
 async def test_cancel_request_answers_request_cancelled(client: LanguageClient):
-    await _configure(client, **{"max-tokens": 4000})
+    await _configure(
+        client, **{"max-tokens": 4000, "first-line": False, "completion-cache": False}
+    )  # runs long
     try:
         before = await _stats(client)
         future = asyncio.ensure_future(
@@ -198,11 +200,13 @@ async def test_cancel_request_answers_request_cancelled(client: LanguageClient):
         assert after["completed"] == before["completed"]  # it stopped; it did not run to the end
         assert answered_in < 2.0 and stopped_in < 2.0
     finally:
-        await _configure(client, **{"max-tokens": 24})
+        await _configure(client, **{"max-tokens": 24, "first-line": True, "completion-cache": True})
 
 
 async def test_a_newer_request_for_the_document_cancels_the_older(client: LanguageClient):
-    await _configure(client, **{"max-tokens": 4000})
+    await _configure(
+        client, **{"max-tokens": 4000, "first-line": False, "completion-cache": False}
+    )  # runs long
     try:
         old = asyncio.ensure_future(
             client.protocol.send_request_async(
@@ -216,7 +220,7 @@ async def test_a_newer_request_for_the_document_cancels_the_older(client: Langua
             await old
         assert len((await new).items) == 1
     finally:
-        await _configure(client, **{"max-tokens": 24})
+        await _configure(client, **{"max-tokens": 24, "first-line": True, "completion-cache": True})
 
 
 @pytest.mark.parametrize("edits", [True, False], ids=["keystrokes", "re-requests"])
@@ -232,7 +236,9 @@ async def test_a_burst_of_50_requests_starts_one_generation_for_the_document(
     client.text_document_did_open(
         types.DidOpenTextDocumentParams(types.TextDocumentItem(uri, "python", 1, "def f():\n    "))
     )
-    await _configure(client, **{"max-tokens": 4000})
+    await _configure(
+        client, **{"max-tokens": 4000, "first-line": False, "completion-cache": False}
+    )  # runs long
     before = await _stats(client)
     busy_id = f"busy-{edits}"
     busy = asyncio.ensure_future(
@@ -242,7 +248,9 @@ async def test_a_burst_of_50_requests_starts_one_generation_for_the_document(
     )
     try:
         await _wait_running(client)
-        await _configure(client, **{"max-tokens": 24})
+        # the scheduler's rule, without the completion cache (which would answer the
+        # re-requests from the first one's generation: tests/lsp/test_pipeline_e2e.py)
+        await _configure(client, **{"max-tokens": 24, "first-line": True})
         futures = []
         for i in range(50):
             if edits:
@@ -279,7 +287,7 @@ async def test_a_burst_of_50_requests_starts_one_generation_for_the_document(
         client.cancel_request(types.CancelParams(id=busy_id))
         with pytest.raises(JsonRpcRequestCancelled):
             await busy  # it was still running: the burst arrived behind it
-        await _configure(client, **{"max-tokens": 24})
+        await _configure(client, **{"max-tokens": 24, "first-line": True, "completion-cache": True})
     results = await asyncio.gather(*futures, return_exceptions=True)
     after = await _stats(client)
     unexpected = [

@@ -1,0 +1,223 @@
+"""One session's work around its requests: the completion cache, warm-ups, prefetches and
+the debounce (docs/editors.md, "How suggestions are produced").
+
+- **Warm-up**: when a document opens, when an edit lands far from the last one, and when
+  edits pause, the prompt the next request will need is prefilled in the background
+  (``Completer.warm``), so the request computes only the few tokens typed since.
+- **Completion cache**: a request whose typed text follows what the model already wrote is
+  answered from it (:mod:`.cache`), waiting if needed for the generation still writing it.
+- **Prefetch**: once the user has typed a cached suggestion through, the completion at the
+  new cursor is generated in the background, before it is asked for.
+- **Debounce**: a request waits briefly when the typing rhythm says a keystroke that would
+  make it stale is due (:mod:`.debounce`).
+
+Everything here runs on the event loop; the model work goes to the service's worker as
+background jobs, which any request preempts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from . import postprocess
+from .cache import CompletionCache
+from .completer import Completer, CompletionRequest, CompletionResult
+from .config import Settings
+from .debounce import Rhythm
+from .documents import Position
+from .metrics import Metrics
+from .scheduler import Job, Worker
+
+#: an edit this many lines from the last warmed position is warmed at once, not at a pause
+FAR_LINES = 24
+#: how often a request waiting for a running generation looks at it again
+POLL_S = 0.01
+
+
+class Background:
+    """The pipeline around one session's requests.
+
+    :param request_at: builds the request for a document at a position (None: the end of
+        the document); None when the document is not open.
+    :param version_of: the current version of a document (None when closed).
+    :param key: the session's job-key prefix.
+    """
+
+    def __init__(
+        self,
+        worker: Worker,
+        completer: Completer,
+        metrics: Metrics,
+        *,
+        key: str,
+        request_at: Callable[[str, Position | None], CompletionRequest | None],
+        version_of: Callable[[str], int | None],
+    ) -> None:
+        self.worker = worker
+        self.completer = completer
+        self.metrics = metrics
+        self.key = key
+        self.request_at = request_at
+        self.version_of = version_of
+        self.cache = CompletionCache()
+        self.rhythm = Rhythm()
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._warmed_line: dict[str, int] = {}
+
+    # -- document events ---------------------------------------------------------------------
+
+    def opened(self, uri: str, settings: Settings) -> None:
+        """A document opened: warm the prompt at its end (the whole file, for a file that
+        fits the prompt window)."""
+        if settings.warm_up:
+            self._schedule(uri, None, 0.0)
+
+    def edited(self, uri: str, pos: Position | None, settings: Settings) -> None:
+        """A document changed; ``pos`` is where the edit left the cursor, if known."""
+        self.rhythm.edited(uri)
+        if pos is None:
+            return
+        if settings.completion_cache:
+            req = self.request_at(uri, pos)
+            hit = self.cache.lookup(uri, req.cursor) if req is not None else None
+            if hit is not None and req is not None:
+                if hit.exhausted and not hit.entry.prefetched:
+                    hit.entry.prefetched = True
+                    self.prefetch(req)
+                return  # the suggestion still applies: its generation is the best warm-up
+            if settings.cancel_on_change:  # the user left the suggestion being written
+                self.worker.cancel_key(self.request_key(uri), "changed")
+        if settings.warm_up:
+            far = abs(pos.line - self._warmed_line.get(uri, -FAR_LINES - 1)) > FAR_LINES
+            self._schedule(uri, pos, 0.0 if far else self.rhythm.pause_s())
+
+    def closed(self, uri: str) -> None:
+        timer = self._timers.pop(uri, None)
+        if timer is not None:
+            timer.cancel()
+        self.cache.forget(uri)
+        self.rhythm.forget(uri)
+        self._warmed_line.pop(uri, None)
+        for kind in ("warm", "prefetch"):
+            self.worker.cancel_key(f"{self.key}{kind}:{uri}", "changed")
+
+    def stop(self) -> None:
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
+
+    # -- requests ------------------------------------------------------------------------------
+
+    async def from_cache(self, req: CompletionRequest) -> CompletionResult | None:
+        """The answer from the completion cache, or None when the request needs the model.
+
+        When the request follows a generation that is still running but has not finished
+        the line the user is on, wait for it (up to the time budget) rather than start
+        another generation for the same text."""
+        hit = self.cache.lookup(req.uri, req.cursor)
+        if hit is None:
+            return None
+        s = req.settings
+        shape = postprocess.shape_for(req.cursor, mode=s.mode, max_lines=s.max_lines)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + s.time_budget_ms / 1000
+        waited = False
+        while not (text := hit.shown(shape)):
+            if hit.entry.done or loop.time() > deadline or self.stale(req):
+                return None
+            waited = True
+            await asyncio.sleep(POLL_S)
+        self.metrics.count("from_cache")
+        self.metrics.count("cache_waits", waited)
+        return CompletionResult(text, hit.rest, finish_reason="cache")
+
+    async def debounce(self, req: CompletionRequest) -> bool:
+        """Wait as the typing rhythm says; :returns: False when an edit made ``req`` stale."""
+        setting = req.settings.debounce_ms
+        self.rhythm.fixed_delay_s = None if setting == "auto" else setting / 1000
+        delay = self.rhythm.request_delay(req.uri)
+        if delay <= 0:
+            return True
+        self.metrics.count("debounced")
+        await asyncio.sleep(delay)
+        return not self.stale(req)
+
+    def stale(self, req: CompletionRequest) -> bool:
+        return req.settings.cancel_on_change and self.version_of(req.uri) != req.version
+
+    def prefetch(self, req: CompletionRequest) -> None:
+        """Generate the completion at ``req``'s cursor into the cache, in the background."""
+        req.entry = self.cache.start(req.uri, req.cursor)
+        req.on_answer = _ignore
+        self._warmed_line[req.uri] = req.cursor.line
+        job = Job(
+            key=f"{self.key}prefetch:{req.uri}",
+            run=lambda job: self.completer.complete(req),
+            done=self._done("prefetches", req),
+            cancel_event=req.cancel,
+            background=True,
+        )
+        self.worker.submit(job)
+
+    def request_key(self, uri: str) -> str:
+        return f"{self.key}{uri}"
+
+    # -- warm-ups -----------------------------------------------------------------------------
+
+    def _schedule(self, uri: str, pos: Position | None, delay: float) -> None:
+        old = self._timers.pop(uri, None)
+        if old is not None:
+            old.cancel()
+        version = self.version_of(uri)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no event loop (a server driven in-process): nothing to time
+            return
+        self._timers[uri] = loop.call_later(delay, self._warm, uri, pos, version)
+
+    def _warm(self, uri: str, pos: Position | None, version: int | None) -> None:
+        self._timers.pop(uri, None)
+        if self.version_of(uri) != version:
+            return  # edited since: a newer warm-up is scheduled
+        req = self.request_at(uri, pos)
+        if req is None:
+            return
+        self._warmed_line[uri] = req.cursor.line
+
+        def run(job: Job) -> tuple[int, int]:
+            if self.version_of(uri) != version:
+                return 0, 0  # edited while it waited: a request or a newer warm-up knows better
+            return self.completer.warm(req)
+
+        job = Job(
+            key=f"{self.key}warm:{uri}",
+            run=run,
+            done=self._done("warmups"),
+            cancel_event=req.cancel,
+            background=True,
+        )
+        self.worker.submit(job)
+
+    def _done(
+        self, counter: str, req: CompletionRequest | None = None
+    ) -> Callable[[Any, BaseException | None, Job], None]:
+        def done(result: Any, error: BaseException | None, job: Job) -> None:
+            if req is not None and req.entry is not None and not req.entry.done:
+                req.entry.finish_reason = "cancelled"  # it never ran: nobody waits on it
+            if error is not None or result is None:
+                if job.cancelled:
+                    self.metrics.count("background_stopped")
+                return
+            self.metrics.count(counter)
+            if counter == "warmups":
+                self.metrics.count("warmed_tokens", result[1])
+            if job.cancelled:
+                self.metrics.count("background_stopped")
+
+        return done
+
+
+def _ignore(result: CompletionResult) -> None:
+    """``on_answer`` for a prefetch: nobody waits for it; the cache gets its text."""

@@ -1,0 +1,291 @@
+"""The pipeline around a request, without a server: warm-ups in the engine, background
+jobs on the worker, the first line answered early with the rest kept, the debounce.
+
+The completer runs against a scripted engine (it writes a fixed text, a piece per step,
+checking its cancel before each step as the engine does), so these tests control when
+lines end and how long a prefill takes; the warm-up tests use the real engine with a tiny
+random model.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Generator
+
+import pytest
+from specd.lsp.cache import CompletionCache
+from specd.lsp.completer import Completer, CompletionRequest, CompletionResult
+from specd.lsp.config import Settings
+from specd.lsp.debounce import BURST_GAP_S, MAX_DELAY_S, Rhythm
+from specd.lsp.documents import Document
+from specd.lsp.metrics import Metrics
+from specd.lsp.scheduler import Job, Worker
+from specd.lsp.warmup import Background
+
+from specd import Completion, Delta, Engine, Generation, SamplingParams, Stats
+from specd.tiny import tiny_target
+
+# -- Engine.warm ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return Engine(tiny_target(logit_scale=8.0), drafter="none")
+
+
+def _prompt(n: int, start: int = 1) -> list[int]:
+    return [start + (i * 7) % 90 for i in range(n)]
+
+
+def test_a_warmed_prompt_is_answered_without_its_prefill_and_unchanged(engine):
+    """Guards against a warm-up that fills the cache with other tokens than a request
+    keeps (all of the prompt but its last token), which would make the request prefill
+    everything again, or reuse keys and values that do not belong to its prompt."""
+    prompt = _prompt(150)
+    params = SamplingParams(max_tokens=10)
+    engine.prefix_cache.clear()
+    cold = engine.generate(prompt, params)
+    engine.prefix_cache.clear()
+    assert engine.warm(prompt) == (0, 149)
+    warm = engine.generate(prompt, params)
+    assert warm.stats.reused_tokens == 149
+    assert warm.token_ids == cold.token_ids
+
+
+def test_a_request_continues_a_cancelled_warm_up_where_it_stopped(engine):
+    """Guards against a request that interrupts a warm-up starting its prefill over: the
+    warm-up stops between chunks and what it computed stays in the prefix cache."""
+    engine.prefix_cache.clear()
+    prompt = _prompt(200, start=3)
+    looks = []
+
+    def cancel() -> bool:  # a request arrives after the second chunk
+        looks.append(1)
+        return len(looks) > 2
+
+    reused, computed = engine.warm(prompt, cancel, chunk=50)
+    assert (reused, computed) == (0, 100)
+    result = engine.generate(prompt, SamplingParams(max_tokens=4))
+    assert result.stats.reused_tokens == 100
+
+
+def test_warming_a_prompt_already_held_keeps_what_was_generated_after_it(engine):
+    """Guards against a warm-up of a stale prompt cropping the cache entry that holds it
+    and the tokens generated after it: the next request would compute them again."""
+    engine.prefix_cache.clear()
+    prompt = _prompt(120, start=5)
+    first = engine.generate(prompt, SamplingParams(max_tokens=8))
+    assert engine.warm(prompt) == (119, 0)
+    follow = prompt + first.token_ids[:6]
+    assert engine.generate(follow, SamplingParams(max_tokens=2)).stats.reused_tokens == 125
+
+
+# -- the worker: requests before background jobs --------------------------------------------------
+
+
+def _job(key: str, run: Callable[[Job], object], done: list, background: bool = False) -> Job:
+    return Job(key, run, lambda r, e, j: done.append((j.key, r, j.reason)), background=background)
+
+
+def test_a_request_preempts_the_running_background_job():
+    """Guards against background work (a warm-up, the rest of a suggestion) holding the
+    worker while a request waits: submitting a request cancels it at its next check."""
+    worker = Worker()
+    done: list = []
+    started = threading.Event()
+
+    def long_warm(job: Job) -> str:
+        started.set()
+        while not job.cancelled:
+            time.sleep(0.005)
+        return "stopped"
+
+    try:
+        worker.submit(_job("1:warm:a", long_warm, done, background=True))
+        assert started.wait(10)
+        worker.submit(_job("1:b", lambda job: "answer", done))
+        deadline = time.monotonic() + 10
+        while len(done) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert done == [("1:warm:a", "stopped", "preempted"), ("1:b", "answer", None)]
+    finally:
+        worker.stop()
+
+
+def test_queued_requests_run_before_queued_background_jobs_and_edits_spare_them():
+    """Guards against a queue that runs background jobs in arrival order ahead of a
+    request, and against an edit cancelling background work (only a request's cursor is
+    made stale by an edit)."""
+    worker = Worker()
+    done: list = []
+    gate = threading.Event()
+    try:
+        worker.submit(_job("1:gate", lambda job: gate.wait(10), done))  # holds the worker
+        worker.submit(_job("1:a", lambda job: "bg", done, background=True))
+        worker.submit(_job("1:warm:b", lambda job: "warm", done, background=True))
+        worker.submit(_job("1:c", lambda job: "request", done))
+        worker.cancel_key("1:warm:b", "changed", background=False)
+        gate.set()
+        deadline = time.monotonic() + 10
+        while len(done) < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert [d[1] for d in done] == [True, "request", "bg", "warm"]
+    finally:
+        worker.stop()
+
+
+# -- the completer: first line early, the rest kept -----------------------------------------------
+
+
+class ScriptedEngine:
+    """What the completer needs of an engine, writing ``pieces`` one per step."""
+
+    def __init__(self, pieces: list[str], *, step_s: float = 0.0, prefill_s: float = 0.0):
+        self.pieces = pieces
+        self.step_s = step_s
+        self.prefill_s = prefill_s
+        self.tokenizer = object()
+        self.written: list[str] = []
+
+    def tokenize(self, text: str) -> list[int]:
+        return [ord(c) % 97 for c in text]
+
+    def warm(self, prompt, cancel=None) -> tuple[int, int]:
+        time.sleep(self.prefill_s)
+        return 0, len(prompt) - 1
+
+    def stream(self, prompt, params, *, cancel, corpus=None, **kw) -> Generation:
+        def steps() -> Generator[Delta, None, Completion]:
+            stats = Stats(prompt_tokens=len(prompt))
+            for piece in self.pieces:
+                if cancel():
+                    stats.finish_reason = "cancelled"
+                    break
+                time.sleep(self.step_s)
+                self.written.append(piece)
+                stats.new_tokens += 1
+                yield Delta(piece, [1])
+            else:
+                stats.finish_reason = "length"
+            return Completion("".join(self.written), [1] * stats.new_tokens, stats)
+
+        return Generation(steps())
+
+
+DOC = "def area(w, h):\n    "
+BODY = ["if w < 0", ":\n", "        raise ValueError(w)\n", "    return w", " * h\n", "\n"]
+
+
+def _request(engine: ScriptedEngine, text: str = DOC, **kw) -> CompletionRequest:
+    doc = Document("file:///w/a.py", text)
+    line = text.count("\n")
+    column = len(text) - (text.rfind("\n") + 1)
+    cursor = doc.cursor(doc.resolve(line, column), before_chars=4000, after_chars=400)
+    settings = kw.pop("settings", Settings(time_budget_ms=60_000))
+    return CompletionRequest(cursor, "a.py", settings, uri=doc.uri, **kw)
+
+
+def test_the_answer_comes_at_the_first_line_and_the_rest_goes_to_the_cache():
+    """Guards against answering only when the whole block is written (the user waits for
+    lines they may never take), and against dropping what the model writes after the
+    answer (the next keystrokes would need a new generation)."""
+    engine = ScriptedEngine(BODY)
+    answers: list[tuple[str, int]] = []
+    req = _request(engine)
+    req.entry = CompletionCache().start(req.uri, req.cursor)
+    req.on_answer = lambda r: answers.append((r.text, len(engine.written)))
+    Completer(engine).complete(req)  # type: ignore[arg-type]
+    # answered once the first line ended (two pieces), not after all six
+    assert answers == [("if w < 0:", 2)]
+    assert req.entry.raw == "".join(BODY) and req.entry.done
+
+
+def test_without_an_answer_callback_the_whole_block_is_answered():
+    """Guards against the first-line answer leaking into ``specd complete`` and
+    ``specd/complete``, which show the whole completion."""
+    engine = ScriptedEngine(BODY)
+    result = Completer(engine).complete(_request(engine))  # type: ignore[arg-type]
+    assert result.text.splitlines() == [
+        "if w < 0:",
+        "        raise ValueError(w)",
+        "    return w * h",
+    ]
+
+
+def test_a_slow_prefill_does_not_spend_the_time_budget():
+    """Guards against charging the prompt's prefill to the time budget: on a large file
+    the budget ran out before the first token and the answer was empty."""
+    engine = ScriptedEngine(["return w * h", "\n"], prefill_s=0.3)
+    req = _request(engine, settings=Settings(time_budget_ms=100))
+    result = Completer(engine).complete(req)  # type: ignore[arg-type]
+    assert result.text == "return w * h"
+
+
+@pytest.mark.parametrize("early", [True, False], ids=["server", "cli"])
+def test_the_time_budget_never_turns_written_text_into_an_empty_answer(early):
+    """Guards against answering empty when the budget runs out in the middle of the
+    first line of a block (post-processing drops an unfinished line at the end of a
+    block): what the model wrote is shown."""
+    engine = ScriptedEngine(["\n", "    return", " w", " *", " h"] * 50, step_s=0.05)
+    answers: list[CompletionResult] = []
+    req = _request(engine, "def area(w, h):", settings=Settings(time_budget_ms=150))
+    if early:
+        req.on_answer = answers.append
+    result = Completer(engine).complete(req)  # type: ignore[arg-type]
+    assert result.finish_reason == "time" and result.text.startswith("\n    return w")
+    assert [a.text for a in answers] == ([result.text] if early else [])
+
+
+# -- the debounce -----------------------------------------------------------------------------------
+
+
+def test_the_debounce_follows_the_typing_rhythm_and_ends_at_a_pause():
+    """Guards against a fixed debounce (slow typists wait for nothing, fast ones start
+    generations each keystroke makes stale) and against delaying a request after the user
+    has stopped typing."""
+    fast, slow = Rhythm(), Rhythm()
+    for i in range(10):
+        fast.edited("a", now=i * 0.02)
+        slow.edited("a", now=i * 0.06)
+    assert fast.request_delay("a", now=0.18) == pytest.approx(0.03)
+    assert slow.request_delay("a", now=0.54) == pytest.approx(0.09)
+    assert fast.request_delay("a", now=0.18 + 0.05) == 0.0  # paused
+    assert fast.pause_s() < slow.pause_s()
+    hesitant = Rhythm()
+    for i in range(10):
+        hesitant.edited("a", now=i * BURST_GAP_S * 0.9)
+    assert hesitant.request_delay("a", now=9 * BURST_GAP_S * 0.9) == MAX_DELAY_S
+
+
+# -- background work ---------------------------------------------------------------------------------
+
+
+def test_a_prefetch_superseded_before_it_ran_releases_its_cache_entry():
+    """Guards against a completion-cache entry whose generation never ran staying open:
+    a request typed along it would wait for its whole time budget for lines that never
+    come, instead of asking the model at once."""
+    engine = ScriptedEngine(BODY)
+    worker = Worker()
+    gate = threading.Event()
+    bg = Background(
+        worker,
+        Completer(engine),  # type: ignore[arg-type]
+        Metrics(),
+        key="1:",
+        request_at=lambda uri, pos: None,
+        version_of=lambda uri: 1,
+    )
+    try:
+        worker.submit(Job("1:gate", lambda job: gate.wait(10), lambda r, e, j: None))
+        first, second = _request(engine), _request(engine)
+        bg.prefetch(first)
+        bg.prefetch(second)  # the same document: the first, still queued, never runs
+        assert first.entry is not None and first.entry.finish_reason == "cancelled"
+        gate.set()
+        deadline = time.monotonic() + 10
+        while not (second.entry and second.entry.done) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert second.entry is not None and second.entry.raw == "".join(BODY)
+    finally:
+        worker.stop()
