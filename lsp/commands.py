@@ -109,7 +109,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from .daemon import parse_address, run_stdio, run_tcp
+    from .daemon import listen, parse_address, run_stdio, run_tcp
     from .rpc import RedactPayloads
     from .server import Service
 
@@ -125,6 +125,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         cache["prefix_cache_entries"] = args.cache_entries
     if args.cache_mib is not None:
         cache["prefix_cache_bytes"] = args.cache_mib * 2**20
+    sock = listen(*address) if address else None
     engine = build_engine(args, **cache)
     warm_up(engine)
     # The model and the libraries are loaded for good: keep the collector from walking
@@ -133,7 +134,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     service = Service(engine, params, settings=settings, settings_messages=messages)
     for handler in logging.getLogger().handlers:
         handler.addFilter(RedactPayloads(lambda: not service.log_code))
-    if address is None:
+    if sock is None:
         # stdout carries the protocol: anything else printed by accident goes to stderr
         stdout = sys.stdout.buffer
         sys.stdout = sys.stderr
@@ -142,7 +143,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     def ready(host: str, port: int) -> None:
         print(f"specd: serving on {host}:{port}", file=sys.stderr, flush=True)
 
-    return run_tcp(service, *address, ready=ready)
+    return run_tcp(service, sock, ready=ready)
 
 
 def warm_up(engine: Any) -> None:
