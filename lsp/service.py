@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
 from typing import Any
 
 from specd import Engine, SamplingParams
@@ -28,15 +29,20 @@ class Service:
 
     def __init__(
         self,
-        engine: Engine,
+        engine: Engine | None,
         params: SamplingParams | None = None,
         *,
         settings: Settings | None = None,
         settings_messages: list[str] | None = None,
     ) -> None:
-        self.engine = engine
         self.metrics = Metrics()
-        self.completer = Completer(engine, params, self.metrics)
+        self.params = params
+        self._engine: Engine | None = None
+        self._completer: Completer | None = None
+        self._loaded = threading.Event()
+        self._load_error: BaseException | None = None
+        if engine is not None:
+            self.attach(engine)
         self.worker = Worker(
             on_start=self.metrics.generation_started, on_end=self.metrics.generation_ended
         )
@@ -46,6 +52,45 @@ class Service:
         self.log_code = self.settings.log_code
         self._session_ids = itertools.count(1)
         self._failures: set[str] = set()
+
+    # -- the model, loaded behind the first messages ---------------------------------------
+
+    def attach(self, engine: Engine) -> None:
+        """The engine is loaded: requests waiting for it go ahead."""
+        self._completer = Completer(engine, self.params, self.metrics)
+        self._engine = engine
+        self._loaded.set()
+
+    def load_failed(self, exc: BaseException) -> None:
+        """The engine could not be loaded: requests waiting for it fail with ``exc``."""
+        self._load_error = exc
+        self._loaded.set()
+
+    @property
+    def ready(self) -> bool:
+        return self._engine is not None
+
+    @property
+    def engine(self) -> Engine:
+        """The engine; waits while it is still loading."""
+        self._wait()
+        assert self._engine is not None  # set before the event, with the completer
+        return self._engine
+
+    @property
+    def completer(self) -> Completer:
+        """The completion pipeline; waits while the engine is still loading."""
+        self._wait()
+        assert self._completer is not None
+        return self._completer
+
+    def _wait(self) -> None:
+        self._loaded.wait()
+        if self._load_error is not None:
+            raise RuntimeError("the model failed to load") from self._load_error
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.engine.tokenize(text)
 
     def new_session_id(self) -> int:
         return next(self._session_ids)
@@ -61,7 +106,7 @@ class Service:
             log.debug("a completion failed again (%s)", kind)
 
     def stats(self) -> dict[str, Any]:
-        return self.metrics.snapshot(self.engine.prefix_cache)
+        return self.metrics.snapshot(self._engine.prefix_cache if self._engine else None)
 
     def close(self) -> None:
         self.worker.stop()
