@@ -145,6 +145,17 @@ def summarize(d: Daemon) -> dict[str, Any]:
         # A configuration whose options the daemon did not take measures the defaults.
         "options_refused": unknown,
         "server_messages": d.messages,
+        # In replay order, for reading the noise: numbers only, no code.
+        "per_request": [
+            {
+                "kind": a.kind,
+                "latency_s": a.latency_s,
+                "suggested_chars": len(a.text),
+                "exact_line": a.exact_line,
+                "typed_chars": a.typed_chars,
+            }
+            for a in answers
+        ],
     }
 
 
