@@ -15,10 +15,14 @@ import queue
 import subprocess
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from typing import IO, Any
 
 from .errors import SpecdError
+
+#: Lines of the server's stderr kept for error messages.
+STDERR_LINES = 20
 
 
 class ServerError(SpecdError):
@@ -53,26 +57,23 @@ class ServerProcess:
 
     :param command: the server's command line.
     :param env: its environment (None: this process's).
-    :param stderr: where its stderr goes (default: discarded, so a chatty server never
-        blocks on a full pipe).
+    Its stderr is read as it comes (a chatty server never blocks on a full pipe); the last
+    lines say why, when it exits early.
     """
 
-    def __init__(
-        self,
-        command: Sequence[str],
-        *,
-        env: dict[str, str] | None = None,
-        stderr: int | IO[Any] | None = subprocess.DEVNULL,
-    ) -> None:
+    def __init__(self, command: Sequence[str], *, env: dict[str, str] | None = None) -> None:
         #: ``time.perf_counter()`` just before the process was started
         self.started = time.perf_counter()
         self.proc = subprocess.Popen(
             list(command),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=stderr,
+            stderr=subprocess.PIPE,
             env=env,
         )
+        #: the last lines the server wrote to stderr
+        self.stderr_tail: deque[str] = deque(maxlen=STDERR_LINES)
+        threading.Thread(target=self._drain, name="jsonrpc-stderr", daemon=True).start()
         self.notifications: list[dict[str, Any]] = []
         self._answers: dict[int, queue.SimpleQueue[dict[str, Any]]] = {}
         self._lock = threading.Lock()
@@ -104,7 +105,9 @@ class ServerProcess:
                     break
                 except queue.Empty:
                     if self._closed.is_set():
-                        raise ServerError(f"the server exited before answering {method}") from None
+                        raise ServerError(
+                            f"the server exited before answering {method}{self._last_words()}"
+                        ) from None
                     if time.monotonic() > deadline:
                         raise ServerError(f"no answer to {method} in {timeout:g} s") from None
         finally:
@@ -132,7 +135,7 @@ class ServerProcess:
             self.proc.kill()
             return self.proc.wait()
         finally:
-            for stream in (self.proc.stdin, self.proc.stdout):
+            for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
                 if stream is not None:
                     stream.close()
 
@@ -151,6 +154,20 @@ class ServerProcess:
             stdin.flush()
         except (BrokenPipeError, ValueError) as e:
             raise ServerError("the server has exited") from e
+
+    def _last_words(self) -> str:
+        try:
+            self.proc.wait(1)
+        except subprocess.TimeoutExpired:
+            pass
+        time.sleep(0.1)  # the stderr reader's last lines
+        lines = [ln for ln in self.stderr_tail if ln.strip()]
+        return f"; it said: {lines[-1].strip()}" if lines else ""
+
+    def _drain(self) -> None:
+        assert self.proc.stderr is not None
+        for raw in self.proc.stderr:
+            self.stderr_tail.append(raw.decode("utf-8", "replace"))
 
     def _read(self) -> None:
         stdout = self.proc.stdout

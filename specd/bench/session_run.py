@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import BadInputError
 from ..jsonrpc import ServerError, ServerProcess
+from ..options import EXIT_BAD_INPUT
 from .session import Script
 
 #: Seconds a request may take before the run gives up on the server.
@@ -82,6 +84,18 @@ def start(
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
     server = ServerProcess(command, env=env)
     daemon = Daemon(config, server)
+    try:
+        _initialize(server, config, cwd_uri)
+    except ServerError as e:
+        if server.proc.poll() == EXIT_BAD_INPUT:  # it refused its options: say so as such
+            raise BadInputError(str(e)) from None
+        raise
+    daemon.initialize_s = time.perf_counter() - server.started
+    server.notify("initialized", {})
+    return daemon
+
+
+def _initialize(server: ServerProcess, config: SessionConfig, cwd_uri: str) -> None:
     server.request(
         "initialize",
         {
@@ -96,9 +110,6 @@ def start(
         },
         timeout=READY_TIMEOUT_S,
     )
-    daemon.initialize_s = time.perf_counter() - server.started
-    server.notify("initialized", {})
-    return daemon
 
 
 def replay(daemon: Daemon, script: Script, *, keystroke_s: float) -> None:

@@ -136,6 +136,8 @@ def test_the_session_report_carries_the_contract_fields(tmp_path, capsys):
         (["--files", "/no/such/dir/*.py"], "--files /no/such/dir/*.py"),
         (["--configs", "fastest"], "unknown session configuration 'fastest'"),
         (["--session-lines", "0"], "--session-lines must be >= 1"),
+        # the daemon refuses it: its own one-line reason comes back, still exit 2
+        (["--model", "/no/such/model"], "it said: specd: error: unknown model '/no/such/model'"),
     ],
 )
 def test_bad_session_options_exit_2_naming_them(argv, message, capsys):
