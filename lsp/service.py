@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-from typing import Any
+from typing import Any, cast
 
 from specd import Engine, SamplingParams
 
@@ -16,6 +16,21 @@ from .metrics import Metrics
 from .scheduler import Worker
 
 log = logging.getLogger(__name__)
+
+
+class WhenLoaded:
+    """Stands in for the service's engine or completer while the model loads: reading an
+    attribute waits for the load, then reads it from the real object. So a session can be
+    built and ``initialize`` answered before the model is there, and whatever a session
+    keeps from the start works once it is."""
+
+    def __init__(self, service: Service, attribute: str) -> None:
+        self._service = service
+        self._attribute = attribute
+
+    def __getattr__(self, name: str) -> Any:
+        self._service.wait_loaded()
+        return getattr(getattr(self._service, self._attribute), name)
 
 
 class Service:
@@ -72,19 +87,21 @@ class Service:
 
     @property
     def engine(self) -> Engine:
-        """The engine; waits while it is still loading."""
-        self._wait()
-        assert self._engine is not None  # set before the event, with the completer
-        return self._engine
+        """The engine; while it loads, a stand-in whose attributes wait for it."""
+        if self._engine is not None:
+            return self._engine
+        return cast(Engine, WhenLoaded(self, "_engine"))
 
     @property
     def completer(self) -> Completer:
-        """The completion pipeline; waits while the engine is still loading."""
-        self._wait()
-        assert self._completer is not None
-        return self._completer
+        """The completion pipeline; while the engine loads, a stand-in whose attributes wait
+        for it (a session may keep it from the start: its calls run on the worker)."""
+        if self._completer is not None:
+            return self._completer
+        return cast(Completer, WhenLoaded(self, "_completer"))
 
-    def _wait(self) -> None:
+    def wait_loaded(self) -> None:
+        """Wait for the engine. :raises RuntimeError: the model failed to load."""
         self._loaded.wait()
         if self._load_error is not None:
             raise RuntimeError("the model failed to load") from self._load_error
