@@ -13,12 +13,22 @@ import argparse
 import gc
 import json
 import logging
+import os
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
-from specd import BadInputError, hookimpl
-from specd.options import EXIT_OK, add_decoding_args, add_model_args, build_engine, sampling_params
+from specd import BadInputError, ModelNotFoundError, hookimpl
+from specd.options import (
+    EXIT_BAD_INPUT,
+    EXIT_OK,
+    add_decoding_args,
+    add_model_args,
+    build_engine,
+    sampling_params,
+)
 
 from . import config
 
@@ -109,9 +119,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from .daemon import parse_address, run_stdio, run_tcp
-    from .rpc import RedactPayloads
-    from .server import Service
+    from .daemon import listen, parse_address
 
     address = parse_address(args.tcp, allow_remote=args.allow_remote) if args.tcp else None
     settings, messages = _settings(args, strict=False)
@@ -125,15 +133,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
         cache["prefix_cache_entries"] = args.cache_entries
     if args.cache_mib is not None:
         cache["prefix_cache_bytes"] = args.cache_mib * 2**20
-    engine = build_engine(args, **cache)
-    warm_up(engine)
-    # The model and the libraries are loaded for good: keep the collector from walking
-    # their objects again, during requests and at exit.
-    gc.freeze()
-    service = Service(engine, params, settings=settings, settings_messages=messages)
+    sock = listen(*address) if address else None
+
+    # The model loads behind the protocol: ``initialize`` is answered while it loads, and
+    # completion requests wait for it on the generation worker.
+    from .server import Service
+
+    service = Service(None, params, settings=settings, settings_messages=messages)
+    loader = threading.Thread(
+        target=_load, args=(service, args, cache), name="specd-load", daemon=True
+    )
+    loader.start()
+    from .daemon import run_stdio, run_tcp
+    from .rpc import RedactPayloads
+
     for handler in logging.getLogger().handlers:
         handler.addFilter(RedactPayloads(lambda: not service.log_code))
-    if address is None:
+    if sock is None:
         # stdout carries the protocol: anything else printed by accident goes to stderr
         stdout = sys.stdout.buffer
         sys.stdout = sys.stderr
@@ -142,7 +158,28 @@ def cmd_serve(args: argparse.Namespace) -> int:
     def ready(host: str, port: int) -> None:
         print(f"specd: serving on {host}:{port}", file=sys.stderr, flush=True)
 
-    return run_tcp(service, *address, ready=ready)
+    return run_tcp(service, sock, ready=ready)
+
+
+def _load(service: Any, args: argparse.Namespace, cache: dict[str, int]) -> None:
+    """Build and warm the engine for ``service``. A model that cannot be loaded ends the
+    server with a one-line error (exit 2 for bad input, as the command line does)."""
+    t0 = time.perf_counter()
+    try:
+        engine = build_engine(args, **cache)
+        warm_up(engine)
+    except BaseException as exc:  # noqa: BLE001 - reported, then the process ends
+        service.load_failed(exc)
+        bad_input = isinstance(exc, (BadInputError, ModelNotFoundError))
+        if not bad_input:
+            log.error("the model failed to load", exc_info=exc)
+        print(f"specd: error: {exc}", file=sys.stderr, flush=True)
+        os._exit(EXIT_BAD_INPUT if bad_input else 1)
+    # The model and the libraries are loaded for good: keep the collector from walking
+    # their objects again, during requests and at exit.
+    gc.freeze()
+    service.attach(engine)
+    log.info("model loaded and warmed up in %.2f s", time.perf_counter() - t0)
 
 
 def warm_up(engine: Any) -> None:

@@ -4,10 +4,12 @@ number of clients connect to, one session each, all sharing one loaded model).""
 from __future__ import annotations
 
 import asyncio
+import errno
 import ipaddress
 import logging
 import queue
 import signal
+import socket
 import threading
 from collections.abc import Callable
 from typing import Any, BinaryIO, cast
@@ -42,6 +44,31 @@ def parse_address(text: str, *, allow_remote: bool = False) -> tuple[str, int]:
             f"so it listens only on 127.0.0.1, ::1 or localhost unless you also pass --allow-remote"
         )
     return host, port
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A socket listening on ``host:port``, opened before the model loads: a busy port is
+    a one-line error at once, not a traceback after the load.
+
+    :raises BadInputError: the port is in use or the address cannot be listened on.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        # What asyncio's own servers set: a restarted daemon may reuse the port at once.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(100)
+    except OSError as e:
+        sock.close()
+        where = f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}"
+        if e.errno == errno.EADDRINUSE:
+            raise BadInputError(
+                f"--tcp {where}: the port is in use (another specd daemon? "
+                f"`specd stats --server {where}` asks it); choose another port or stop that process"
+            ) from None
+        raise BadInputError(f"--tcp {where}: cannot listen there ({e.strerror or e})") from None
+    return sock
 
 
 def is_loopback(host: str) -> bool:
@@ -125,10 +152,11 @@ def run_stdio(service: Service, stdin: BinaryIO, stdout: BinaryIO) -> int:
 
 
 def run_tcp(
-    service: Service, host: str, port: int, *, ready: Callable[[str, int], None] | None = None
+    service: Service, sock: socket.socket, *, ready: Callable[[str, int], None] | None = None
 ) -> int:
-    """Serve TCP clients until SIGINT/SIGTERM. Each connection is its own session;
-    ``exit`` ends the session, not the daemon. ``ready`` gets the bound address."""
+    """Serve TCP clients on a listening socket (:func:`listen`) until SIGINT/SIGTERM. Each
+    connection is its own session; ``exit`` ends the session, not the daemon. ``ready``
+    gets the bound address."""
 
     async def session(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         ls = SpecdServer(service)
@@ -140,7 +168,7 @@ def run_tcp(
             writer.close()
 
     async def main() -> None:
-        server = await asyncio.start_server(session, host, port, limit=1 << 20)
+        server = await asyncio.start_server(session, sock=sock, limit=1 << 20)
         bound = server.sockets[0].getsockname()
         if ready is not None:
             ready(bound[0], bound[1])

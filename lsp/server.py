@@ -128,7 +128,7 @@ class SpecdServer(Answers, LanguageServer):
     def _new_workspace(self) -> WorkspaceIndex:
         s = self.settings
         return WorkspaceIndex(
-            self.service.engine.tokenize,
+            self.service.tokenize,  # not the engine's own: it may still be loading
             max_chars=s.index_max_chars,
             accepted_history=s.accepted_history,
         )

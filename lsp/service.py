@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import itertools
 import logging
-from typing import Any
+import threading
+from typing import Any, cast
 
 from specd import Engine, SamplingParams
 
@@ -15,6 +16,21 @@ from .metrics import Metrics
 from .scheduler import Worker
 
 log = logging.getLogger(__name__)
+
+
+class WhenLoaded:
+    """Stands in for the service's engine or completer while the model loads: reading an
+    attribute waits for the load, then reads it from the real object. So a session can be
+    built and ``initialize`` answered before the model is there, and whatever a session
+    keeps from the start works once it is."""
+
+    def __init__(self, service: Service, attribute: str) -> None:
+        self._service = service
+        self._attribute = attribute
+
+    def __getattr__(self, name: str) -> Any:
+        self._service.wait_loaded()
+        return getattr(getattr(self._service, self._attribute), name)
 
 
 class Service:
@@ -28,15 +44,20 @@ class Service:
 
     def __init__(
         self,
-        engine: Engine,
+        engine: Engine | None,
         params: SamplingParams | None = None,
         *,
         settings: Settings | None = None,
         settings_messages: list[str] | None = None,
     ) -> None:
-        self.engine = engine
         self.metrics = Metrics()
-        self.completer = Completer(engine, params, self.metrics)
+        self.params = params
+        self._engine: Engine | None = None
+        self._completer: Completer | None = None
+        self._loaded = threading.Event()
+        self._load_error: BaseException | None = None
+        if engine is not None:
+            self.attach(engine)
         self.worker = Worker(
             on_start=self.metrics.generation_started, on_end=self.metrics.generation_ended
         )
@@ -46,6 +67,47 @@ class Service:
         self.log_code = self.settings.log_code
         self._session_ids = itertools.count(1)
         self._failures: set[str] = set()
+
+    # -- the model, loaded behind the first messages ---------------------------------------
+
+    def attach(self, engine: Engine) -> None:
+        """The engine is loaded: requests waiting for it go ahead."""
+        self._completer = Completer(engine, self.params, self.metrics)
+        self._engine = engine
+        self._loaded.set()
+
+    def load_failed(self, exc: BaseException) -> None:
+        """The engine could not be loaded: requests waiting for it fail with ``exc``."""
+        self._load_error = exc
+        self._loaded.set()
+
+    @property
+    def ready(self) -> bool:
+        return self._engine is not None
+
+    @property
+    def engine(self) -> Engine:
+        """The engine; while it loads, a stand-in whose attributes wait for it."""
+        if self._engine is not None:
+            return self._engine
+        return cast(Engine, WhenLoaded(self, "_engine"))
+
+    @property
+    def completer(self) -> Completer:
+        """The completion pipeline; while the engine loads, a stand-in whose attributes wait
+        for it (a session may keep it from the start: its calls run on the worker)."""
+        if self._completer is not None:
+            return self._completer
+        return cast(Completer, WhenLoaded(self, "_completer"))
+
+    def wait_loaded(self) -> None:
+        """Wait for the engine. :raises RuntimeError: the model failed to load."""
+        self._loaded.wait()
+        if self._load_error is not None:
+            raise RuntimeError("the model failed to load") from self._load_error
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.engine.tokenize(text)
 
     def new_session_id(self) -> int:
         return next(self._session_ids)
@@ -61,7 +123,7 @@ class Service:
             log.debug("a completion failed again (%s)", kind)
 
     def stats(self) -> dict[str, Any]:
-        return self.metrics.snapshot(self.engine.prefix_cache)
+        return self.metrics.snapshot(self._engine.prefix_cache if self._engine else None)
 
     def close(self) -> None:
         self.worker.stop()

@@ -11,7 +11,7 @@ from pathlib import Path
 from ..errors import BadInputError
 from ..options import EXIT_OK, add_model_args, parse_options
 from . import configs as configs_mod
-from . import workloads
+from . import session, session_report, workloads
 from .harness import RSS_MODES, BenchOptions
 from .probe import TargetSpec
 
@@ -19,6 +19,8 @@ DEFAULT_LIMIT = 8
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.workload == session_report.NAME:
+        return cmd_session(args)
     import torch
 
     if args.threads is not None:
@@ -92,6 +94,28 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_session(args: argparse.Namespace) -> int:
+    """The session workload: typing replayed through the daemon (:mod:`.session_report`)."""
+    if args.threads is not None and args.threads < 1:
+        raise BadInputError(f"--threads must be >= 1, got {args.threads}")
+    for out in (args.json, args.markdown):
+        if out and out != "-" and not Path(out).expanduser().resolve().parent.is_dir():
+            raise BadInputError(f"cannot write {out}: its directory does not exist")
+    report = session_report.run(args)
+    report["command"] = command_line(args)
+    text = json.dumps(report, indent=1)
+    if args.json == "-":
+        print(text)
+    elif args.json:
+        Path(args.json).expanduser().write_text(text + "\n", encoding="utf-8")
+    table = session_report.markdown(report)
+    if args.markdown:
+        Path(args.markdown).expanduser().write_text(table, encoding="utf-8")
+    if args.json != "-":
+        sys.stdout.write(table)
+    return EXIT_OK
+
+
 def command_line(args: argparse.Namespace) -> str:
     """The ``specd bench`` command that reproduces this run (options that differ from the
     defaults, outputs left out)."""
@@ -119,6 +143,8 @@ _DEFAULTS = {
     "rss": "isolated",
     "rss_prompts": 1,
     "prefix_prompts": 4,
+    "session_lines": session.DEFAULT_BLOCK_LINES,
+    "keystroke_ms": session_report.DEFAULT_KEYSTROKE_MS,
 }
 
 
@@ -134,7 +160,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         ),
     )
     p.add_argument(
-        "--workload", required=True, choices=workloads.names(), help="which prompts to run"
+        "--workload",
+        required=True,
+        choices=[*workloads.names(), session_report.NAME],
+        help="which prompts to run; session: typing replayed through the daemon over LSP",
     )
     p.add_argument(
         "--limit",
@@ -162,7 +191,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="comma-separated configurations (default: every applicable one); e.g. "
         "hf-plain,hf-prompt-lookup-10,specd-plain,specd-ngram-adaptive-k8; "
-        "hf-plain, hf-prompt-lookup and specd-plain always run",
+        "hf-plain, hf-prompt-lookup and specd-plain always run; for the session workload: "
+        "default,no-token-healing",
     )
     p.add_argument(
         "--max-tokens",
@@ -181,6 +211,27 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         metavar="DIR",
         help="source files for editor and edit (default: the Python standard library)",
+    )
+    g = p.add_argument_group("session workload")
+    g.add_argument(
+        "--files",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="source files to type: a file, a directory or a glob (repeatable; default: the "
+        "Python standard library); --limit is the number of files",
+    )
+    g.add_argument(
+        "--session-lines",
+        type=int,
+        default=session.DEFAULT_BLOCK_LINES,
+        help=f"lines removed and typed back per file (default: {session.DEFAULT_BLOCK_LINES})",
+    )
+    g.add_argument(
+        "--keystroke-ms",
+        type=float,
+        default=session_report.DEFAULT_KEYSTROKE_MS,
+        help=f"time between keystrokes (default: {session_report.DEFAULT_KEYSTROKE_MS})",
     )
     p.add_argument(
         "--repeats",

@@ -1,0 +1,233 @@
+"""Replaying typing scripts (:mod:`.session`) through the real daemon, over LSP.
+
+Every configuration gets its own ``specd serve --stdio`` subprocess, started from nothing,
+so the time to ready covers what an editor waits for: the process starting, ``initialize``
+answered, and the first non-empty suggestion. The scripts then run file by file, the
+configurations taking turns on each file, so a machine that gets busier during the run
+weighs on every configuration alike. Requests are ``textDocument/inlineCompletion`` with an
+automatic trigger, each awaited before the next keystroke, as a user who stops to read
+ghost text.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import BadInputError
+from ..jsonrpc import ServerError, ServerProcess
+from ..options import EXIT_BAD_INPUT
+from .session import Script
+
+#: Seconds a request may take before the run gives up on the server.
+REQUEST_TIMEOUT_S = 300.0
+#: Seconds from start to the first non-empty suggestion before the run gives up.
+READY_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    """A configuration of the daemon: a name and the ``initializationOptions`` it gets."""
+
+    name: str
+    options: dict[str, Any] = field(default_factory=dict, hash=False)
+
+
+#: The configurations the session workload compares, as data: one line per row.
+CONFIGS = (
+    SessionConfig("default"),
+    SessionConfig("no-token-healing", {"token-healing": False}),
+)
+
+
+@dataclass
+class Answer:
+    """One request and how its answer scores against what the user typed next."""
+
+    kind: str  # "line" | "pause"
+    latency_s: float
+    text: str  # what the suggestion inserts after the cursor ("" when empty)
+    exact_line: bool
+    typed_chars: int
+    first_in_file: bool
+
+
+@dataclass
+class Daemon:
+    """One configuration's server, with its answers and start-up times."""
+
+    config: SessionConfig
+    server: ServerProcess
+    initialize_s: float = 0.0
+    ready_s: float | None = None
+    answers: list[Answer] = field(default_factory=list)
+    messages: list[str] = field(default_factory=list)
+    stats: dict[str, Any] | None = None
+    error: str | None = None
+
+
+def server_command(model_args: list[str]) -> list[str]:
+    """``specd serve --stdio`` with the model options, run by this Python."""
+    return [sys.executable, "-m", "specd.cli", "serve", "--stdio", *model_args]
+
+
+def start(
+    config: SessionConfig, command: list[str], *, threads: int | None, cwd_uri: str
+) -> Daemon:
+    """Start a daemon and ``initialize`` it (offering UTF-32 positions: plain characters)."""
+    env = dict(os.environ)
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
+    server = ServerProcess(command, env=env)
+    daemon = Daemon(config, server)
+    try:
+        _initialize(server, config, cwd_uri)
+    except ServerError as e:
+        if server.proc.poll() == EXIT_BAD_INPUT:  # it refused its options: say so as such
+            raise BadInputError(str(e)) from None
+        raise
+    daemon.initialize_s = time.perf_counter() - server.started
+    server.notify("initialized", {})
+    return daemon
+
+
+def _initialize(server: ServerProcess, config: SessionConfig, cwd_uri: str) -> None:
+    server.request(
+        "initialize",
+        {
+            "processId": os.getpid(),
+            "rootUri": cwd_uri,
+            "capabilities": {
+                "general": {"positionEncodings": ["utf-32"]},
+                "textDocument": {"inlineCompletion": {"dynamicRegistration": False}},
+            },
+            "initializationOptions": config.options,
+            "clientInfo": {"name": "specd-bench-session"},
+        },
+        timeout=READY_TIMEOUT_S,
+    )
+
+
+def replay(daemon: Daemon, script: Script, *, keystroke_s: float) -> None:
+    """Open the script's document, type the block, close it."""
+    server = daemon.server
+    uri = script.path.resolve().as_uri()
+    version = 0
+    server.notify(
+        "textDocument/didOpen",
+        {
+            "textDocument": {
+                "uri": uri,
+                "languageId": "python",
+                "version": version,
+                "text": script.text,
+            }
+        },
+    )
+    line, col = script.line, 0
+    first = True
+    current = ""  # the cursor line's text up to the cursor: the block starts a line
+    for step in script.steps:
+        if step.text:
+            time.sleep(keystroke_s)
+            version += 1
+            pos = {"line": line, "character": col}
+            server.notify(
+                "textDocument/didChange",
+                {
+                    "textDocument": {"uri": uri, "version": version},
+                    "contentChanges": [{"range": {"start": pos, "end": pos}, "text": step.text}],
+                },
+            )
+            if step.text == "\n":
+                line, col, current = line + 1, 0, ""
+            else:
+                col += len(step.text)
+                current += step.text
+        if step.ask is None:
+            continue
+        waiting_for_ready = daemon.ready_s is None
+        while True:
+            t0 = time.perf_counter()
+            result = server.request(
+                "textDocument/inlineCompletion",
+                {
+                    "textDocument": {"uri": uri},
+                    "position": {"line": line, "character": col},
+                    "context": {"triggerKind": 2},
+                },
+                timeout=REQUEST_TIMEOUT_S,
+            )
+            latency = time.perf_counter() - t0
+            text = suggestion(result, current, col)
+            if first or not waiting_for_ready:
+                daemon.answers.append(score(step.ask.kind, latency, text, step.ask, first))
+                first = False
+            if text or not waiting_for_ready:
+                break
+            # Not ready yet: ask again at the same place (these tries are not scored).
+            if time.perf_counter() - server.started > READY_TIMEOUT_S:
+                raise ServerError(f"no non-empty suggestion in {READY_TIMEOUT_S:g} s")
+            time.sleep(0.1)
+        if waiting_for_ready:
+            daemon.ready_s = time.perf_counter() - server.started
+    server.notify("textDocument/didClose", {"textDocument": {"uri": uri}})
+
+
+def suggestion(result: Any, line_before: str, col: int) -> str:
+    """What the first inline completion item inserts after the cursor.
+
+    An item may replace text before the cursor on the cursor's line (its ``range``
+    starting left of the cursor); its text then has to start with what it replaces.
+    :returns: the text after the cursor, "" for no item, an empty item, or an item that
+        does not keep the text before the cursor.
+    """
+    items = result.get("items") if isinstance(result, dict) else result
+    if not items:
+        return ""
+    item = items[0]
+    text = item.get("insertText", "")
+    if isinstance(text, dict):  # a snippet: StringValue
+        text = text.get("value", "")
+    rng = item.get("range")
+    if rng and rng["start"]["character"] < col:
+        replaced = line_before[rng["start"]["character"] : col]
+        if not text.startswith(replaced):
+            return ""
+        text = text[len(replaced) :]
+    return str(text)
+
+
+def score(kind: str, latency: float, text: str, ask: Any, first: bool) -> Answer:
+    """Score a suggestion against the real text: is its first line the rest of the real
+    line, and how many of its characters the user types next (the common prefix)."""
+    first_line = text.split("\n", 1)[0].rstrip()
+    exact = bool(text) and first_line == ask.line_rest.rstrip()
+    typed = 0
+    for a, b in zip(text, ask.rest):
+        if a != b:
+            break
+        typed += 1
+    return Answer(kind, latency, text, exact, typed, first)
+
+
+def finish(daemon: Daemon) -> None:
+    """Read the daemon's metrics and the messages it showed, then stop it."""
+    try:
+        daemon.stats = daemon.server.request("specd/stats", None, timeout=30)
+    except ServerError:
+        daemon.stats = None
+    daemon.messages = [
+        str(n.get("params", {}).get("message", ""))
+        for n in daemon.server.notifications
+        if n.get("method") == "window/showMessage"
+    ]
+    daemon.server.close()
+
+
+def file_uri(path: Path) -> str:
+    return path.resolve().as_uri()
