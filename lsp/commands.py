@@ -42,10 +42,22 @@ def specd_register_commands(subparsers: argparse._SubParsersAction) -> None:
         metavar="HOST:PORT",
         help="listen on a loopback address, e.g. 127.0.0.1:8765 (port 0: any free port)",
     )
+    where.add_argument(
+        "--http",
+        metavar="HOST:PORT",
+        help="serve OpenAI /v1/completions and llama.cpp /infill over HTTP, e.g. 127.0.0.1:8080",
+    )
     p.add_argument(
         "--allow-remote",
         action="store_true",
-        help="allow --tcp on a non-loopback address (no authentication: trusted networks only)",
+        help="allow --tcp/--http on a non-loopback address (no authentication: trusted networks only)",
+    )
+    p.add_argument(
+        "--queue",
+        type=int,
+        default=16,
+        metavar="N",
+        help="--http: requests that may wait for the engine; one more gets a 503 (default: 16)",
     )
     p.add_argument(
         "--cache-entries",
@@ -113,7 +125,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .rpc import RedactPayloads
     from .server import Service
 
-    address = parse_address(args.tcp, allow_remote=args.allow_remote) if args.tcp else None
+    where = args.tcp or args.http
+    try:
+        address = parse_address(where, allow_remote=args.allow_remote) if where else None
+    except BadInputError as e:
+        flag = "--http" if args.http else "--tcp"
+        raise BadInputError(str(e).replace("--tcp", flag, 1)) from None
+    if args.queue < 0:
+        raise BadInputError(f"--queue {args.queue}: must be at least 0")
     settings, messages = _settings(args, strict=False)
     params = sampling_params(args)
     if args.cache_entries is not None and args.cache_entries < 1:
@@ -130,6 +149,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # The model and the libraries are loaded for good: keep the collector from walking
     # their objects again, during requests and at exit.
     gc.freeze()
+    if args.http:
+        return _serve_http(engine, params, settings, address, args.queue)
     service = Service(engine, params, settings=settings, settings_messages=messages)
     for handler in logging.getLogger().handlers:
         handler.addFilter(RedactPayloads(lambda: not service.log_code))
@@ -143,6 +164,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"specd: serving on {host}:{port}", file=sys.stderr, flush=True)
 
     return run_tcp(service, *address, ready=ready)
+
+
+def _serve_http(
+    engine: Any, params: Any, settings: config.Settings, address: Any, queue: int
+) -> int:
+    from .http import HttpService, run_http
+
+    service = HttpService(engine, params, settings=settings, queue_limit=queue)
+
+    def ready(host: str, port: int) -> None:
+        print(f"specd: serving HTTP on http://{host}:{port}", file=sys.stderr, flush=True)
+
+    return run_http(service, *address, ready=ready)
 
 
 def warm_up(engine: Any) -> None:
