@@ -5,6 +5,7 @@ llama.vscode), ``/health`` and Prometheus ``/metrics``. One engine serves one ge
 at a time; requests wait in a fair, bounded queue (:mod:`.runner`).
 """
 
-from .app import HttpService, create_app, run_http, start
+from .app import create_app, run_http, start
+from .service import HttpService
 
 __all__ = ["HttpService", "create_app", "run_http", "start"]

@@ -7,78 +7,20 @@ import logging
 import signal
 import time
 from collections.abc import Callable
-from typing import Any
 
-import msgspec
 from aiohttp import web
 
-from specd import BadInputError, Engine, SamplingParams
+from specd import BadInputError
 
-from ..config import Settings
 from . import llama, openai
-from .metrics import HttpMetrics
-from .prompts import Prompter
-from .runner import Job, QueueFull, Runner, collect
+from .runner import QueueFull
 from .schema import BadRequest
+from .service import SERVICE, HttpService
 
 log = logging.getLogger(__name__)
 
 #: A request body larger than this is refused (413) before it is read.
 MAX_BODY_BYTES = 16 * 2**20
-
-
-class HttpService:
-    """What every request shares: one engine behind one queue, the prompt builder, the
-    server's default sampling parameters and the metrics.
-
-    :param queue_limit: requests that may wait while one generates; one more gets a 503.
-    """
-
-    def __init__(
-        self,
-        engine: Engine,
-        params: SamplingParams | None = None,
-        *,
-        settings: Settings | None = None,
-        queue_limit: int = 16,
-    ) -> None:
-        self.engine = engine
-        self.params = params or SamplingParams()
-        self.metrics = HttpMetrics()
-        self.runner = Runner(engine, self.metrics, queue_limit=queue_limit)
-        self.prompter = Prompter(engine, settings or Settings())
-        self.model_name = engine.target.name
-        self.started = int(time.time())
-
-    async def collect(self, job: Job) -> tuple[str, list[int]]:
-        return await collect(self.runner.stream(job))
-
-    @staticmethod
-    def client_of(request: web.Request) -> str:
-        """Who a request is from, for the fair queue: its API key when it sends one (a team
-        server gives each user theirs), else its address."""
-        auth = request.headers.get("Authorization", "")
-        key = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
-        return f"key:{key}" if key else f"addr:{request.remote}"
-
-    @staticmethod
-    def json(obj: Any, status: int = 200) -> web.Response:
-        # msgspec writes compact JSON, as llama.cpp does (llama.vim looks for `"content":"`)
-        return web.Response(
-            body=msgspec.json.encode(obj), status=status, content_type="application/json"
-        )
-
-    @staticmethod
-    async def start_sse(request: web.Request) -> web.StreamResponse:
-        response = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-        )
-        await response.prepare(request)
-        return response
-
-    @staticmethod
-    async def send_event(response: web.StreamResponse, obj: Any) -> None:
-        await response.write(b"data: " + msgspec.json.encode(obj) + b"\n\n")
 
 
 def _error(status: int, message: str, kind: str, param: str | None = None) -> web.Response:
@@ -88,7 +30,7 @@ def _error(status: int, message: str, kind: str, param: str | None = None) -> we
 
 @web.middleware
 async def _errors_and_metrics(request: web.Request, handler: Callable) -> web.StreamResponse:
-    svc: HttpService = request.app["service"]
+    svc: HttpService = request.app[SERVICE]
     route = request.match_info.route.resource
     endpoint = route.canonical if route is not None else "other"
     t0 = time.perf_counter()
@@ -131,7 +73,7 @@ async def _health(request: web.Request) -> web.Response:
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    svc: HttpService = request.app["service"]
+    svc: HttpService = request.app[SERVICE]
     return web.Response(
         body=svc.metrics.render().encode(),
         headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
@@ -140,7 +82,7 @@ async def _metrics(request: web.Request) -> web.Response:
 
 def create_app(service: HttpService) -> web.Application:
     app = web.Application(middlewares=[_errors_and_metrics], client_max_size=MAX_BODY_BYTES)
-    app["service"] = service
+    app[SERVICE] = service
     app.router.add_post("/v1/completions", openai.completions)
     app.router.add_get("/v1/models", openai.models)
     app.router.add_post("/infill", llama.infill)

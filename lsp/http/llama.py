@@ -25,15 +25,13 @@ import contextlib
 import dataclasses
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
 from .runner import Job
 from .schema import InfillBody, decode
-
-if TYPE_CHECKING:
-    from .app import HttpService
+from .service import SERVICE, HttpService
 
 #: the engine's finish reasons -> llama.cpp's ``stop_type``
 STOP_TYPE = {"eos": "eos", "stop": "word", "length": "limit", "time": "limit", "indent": "limit"}
@@ -41,7 +39,7 @@ STOP_TYPE = {"eos": "eos", "stop": "word", "length": "limit", "time": "limit", "
 
 async def infill(request: web.Request) -> web.StreamResponse:
     """``POST /infill``."""
-    svc: HttpService = request.app["service"]
+    svc: HttpService = request.app[SERVICE]
     body = decode(await request.read(), InfillBody)
     job, truncated = _job(svc, body, client=svc.client_of(request))
     warm = body.n_predict == 0

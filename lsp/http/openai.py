@@ -12,7 +12,7 @@ import contextlib
 import dataclasses
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
@@ -20,9 +20,7 @@ from specd import Completion
 
 from .runner import Job
 from .schema import BadRequest, CompletionBody, decode
-
-if TYPE_CHECKING:
-    from .app import HttpService
+from .service import SERVICE, HttpService
 
 #: the engine's finish reasons -> OpenAI's
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "time": "length", "complete": "stop"}
@@ -30,7 +28,7 @@ FINISH = {"eos": "stop", "stop": "stop", "length": "length", "time": "length", "
 
 async def models(request: web.Request) -> web.Response:
     """``GET /v1/models``: the one model this server serves."""
-    svc: HttpService = request.app["service"]
+    svc: HttpService = request.app[SERVICE]
     body = {
         "object": "list",
         "data": [
@@ -42,7 +40,7 @@ async def models(request: web.Request) -> web.Response:
 
 async def completions(request: web.Request) -> web.StreamResponse:
     """``POST /v1/completions``."""
-    svc: HttpService = request.app["service"]
+    svc: HttpService = request.app[SERVICE]
     body = decode(await request.read(), CompletionBody)
     job = _job(svc, body, client=svc.client_of(request))
     cid = f"cmpl-{uuid.uuid4().hex[:24]}"
