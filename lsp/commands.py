@@ -13,6 +13,7 @@ import argparse
 import gc
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,11 @@ def specd_register_commands(subparsers: argparse._SubParsersAction) -> None:
         metavar="HOST:PORT",
         help="ask a running `specd serve --tcp` daemon instead of loading the model here",
     )
+    p.add_argument(
+        "--allow-remote",
+        action="store_true",
+        help="allow --backend on a non-loopback host (the file's code is sent there)",
+    )
     _add_common(p)
     p.set_defaults(func=cmd_complete)
 
@@ -112,6 +118,19 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         "--config",
         metavar="PATH",
         help=f"settings file (default: {config.default_file()} when it exists)",
+    )
+    g = p.add_argument_group("remote backend")
+    g.add_argument(
+        "--backend",
+        metavar="URL",
+        help="generate on a server: http://HOST:PORT/v1 (OpenAI /v1/completions) or "
+        "http://HOST:PORT/infill (llama.cpp); --model still builds the prompt. "
+        "API key: $SPECD_BACKEND_KEY",
+    )
+    g.add_argument(
+        "--backend-model",
+        metavar="NAME",
+        help="the model name to send to the backend (vLLM and SGLang check it)",
     )
     add_model_args(p)
     add_decoding_args(p)
@@ -144,8 +163,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         cache["prefix_cache_entries"] = args.cache_entries
     if args.cache_mib is not None:
         cache["prefix_cache_bytes"] = args.cache_mib * 2**20
+    if args.http and args.backend:
+        raise BadInputError("--backend: use it with --stdio or --tcp; --http serves a local model")
     engine = build_engine(args, **cache)
     warm_up(engine)
+    engine = _with_backend(args, engine)
     # The model and the libraries are loaded for good: keep the collector from walking
     # their objects again, during requests and at exit.
     gc.freeze()
@@ -177,6 +199,29 @@ def _serve_http(
         print(f"specd: serving HTTP on http://{host}:{port}", file=sys.stderr, flush=True)
 
     return run_http(service, *address, ready=ready)
+
+
+def _with_backend(args: argparse.Namespace, engine: Any) -> Any:
+    """The remote backend to generate with when ``--backend`` names one, else ``engine``.
+    The local model still builds the prompts (its tokenizer and template)."""
+    if not args.backend:
+        return engine
+    from .backend import Backend
+    from .daemon import is_loopback
+
+    backend = Backend(
+        args.backend,
+        engine.tokenizer,
+        engine.tokenize,
+        model=args.backend_model,
+        api_key=os.environ.get("SPECD_BACKEND_KEY") or None,
+    )
+    if not (args.allow_remote or backend.host == "localhost" or is_loopback(backend.host)):
+        raise BadInputError(
+            f"--backend {args.backend}: {backend.host} is not a loopback address; the code "
+            f"around the cursor is sent there, so pass --allow-remote to say that is intended"
+        )
+    return backend
 
 
 def warm_up(engine: Any) -> None:
@@ -226,7 +271,7 @@ def _complete_here(args: argparse.Namespace, doc: Any, line: int, col: int) -> d
     from .prompting import display_path
 
     settings, _ = _settings(args, strict=True)
-    completer = Completer(build_engine(args), sampling_params(args))
+    completer = Completer(_with_backend(args, build_engine(args)), sampling_params(args))
     cursor = cursor_at(doc, doc.resolve(line, col, "utf-32"), settings)
     request = CompletionRequest(cursor, display_path(doc.uri), settings, uri=doc.uri)
     return completer.complete(request).as_json()

@@ -92,7 +92,10 @@ def _job(svc: HttpService, body: CompletionBody, *, client: str) -> Job:
     else:
         prompt = body.prompt
     if body.suffix is None:
-        return Job(prompt, params, client)
+        # tokenized as the engine would (the same ids as `specd generate`), to find the
+        # stop tokens of a fill-in-the-middle prompt the client built itself
+        ids = svc.engine.tokenize(prompt) if isinstance(prompt, str) else prompt
+        return Job(ids, params, client, stop_ids=svc.prompter.stop_ids(ids))
     if not svc.prompter.fim:
         raise BadRequest(
             f"suffix: {svc.model_name} has no fill-in-the-middle tokens; send the prompt alone",
@@ -106,8 +109,8 @@ def _job(svc: HttpService, body: CompletionBody, *, client: str) -> Job:
 
 def _stops(stop: str | list[str]) -> tuple[str, ...]:
     stops = (stop,) if isinstance(stop, str) else tuple(stop)
-    if len(stops) > 4 or any(not s for s in stops):
-        raise BadRequest("stop: up to 4 non-empty strings", "stop")
+    if len(stops) > 16 or any(not s for s in stops):
+        raise BadRequest("stop: up to 16 non-empty strings", "stop")
     return stops
 
 

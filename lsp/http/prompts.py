@@ -60,3 +60,12 @@ class Prompter:
         )
         truncated = cursor.before_truncated or prompt.prefix_tokens >= s.prefix_tokens
         return prompt, truncated
+
+    def stop_ids(self, ids: Sequence[int]) -> frozenset[int]:
+        """The template's stop tokens when ``ids`` already is a fill-in-the-middle prompt
+        (a client that builds its own, such as ``--backend``), else none."""
+        t = self.template
+        marker = self.vocab.special(t.prefix) if t is not None else None
+        if t is None or marker is None or marker not in ids:
+            return frozenset()
+        return frozenset(i for i in (self.vocab.special(x) for x in t.stop) if i is not None)
