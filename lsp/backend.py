@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 from specd import BadInputError, Completion, Delta, SamplingParams, Stats
 
 from . import prompting
+from .backend_prompt import SplitPrompt, split_prompt
 
 log = logging.getLogger(__name__)
 
@@ -232,21 +233,30 @@ class RemoteGeneration:
                         f"--backend {self.backend.url}: HTTP {response.status}: "
                         f"{_message(response.read())}"
                     )
+                received = ""  # text may end in the start of a stop string: held back
                 for event in _events(response):
                     piece, event_finish = self._read(event)
-                    cut = _cut(text + piece, self.stops)
-                    if cut is not None:
-                        piece, event_finish = cut[len(text) :], "stop"
-                    if piece:
-                        if not text:
-                            stats.ttft_s = time.perf_counter() - t0
-                        text += piece
-                        yield Delta(piece, [])
+                    received += piece
                     finish = event_finish or finish
                     ids = self._specd_extension(event) or ids
+                    cut = _cut(received, self.stops)
+                    end = len(received) - _partial_stop(received, self.stops)
+                    release = (cut if cut is not None else received[:end])[len(text) :]
+                    if release:
+                        if not text:
+                            stats.ttft_s = time.perf_counter() - t0
+                        text += release
+                        yield Delta(release, [])
                     if cut is not None:
+                        finish = "stop"
                         _hang_up(conn)
                         break
+                else:
+                    if received[len(text) :]:  # the stream ended: nothing more can match
+                        if not text:
+                            stats.ttft_s = time.perf_counter() - t0
+                        yield Delta(received[len(text) :], [])
+                        text = received
             except (OSError, http.client.HTTPException) as e:
                 if not why:
                     raise BackendError(f"--backend {self.backend.url}: {e}") from None
@@ -299,62 +309,6 @@ class RemoteGeneration:
         return list(ext.get("token_ids") or [])
 
 
-@dataclasses.dataclass
-class SplitPrompt:
-    """A built prompt taken apart again: what ``/infill`` asks for separately."""
-
-    prefix: str
-    suffix: str
-    extra: list[tuple[str, str]]
-    stops: tuple[str, ...]
-
-
-def split_prompt(
-    ids: list[int], vocab: prompting.Vocabulary, decode: Callable[..., str]
-) -> SplitPrompt:
-    """Find the fill-in-the-middle template in ``ids`` (control tokens are added by id, so
-    they cannot come from the user's text) and cut the prompt at its markers; a prompt
-    without one is all prefix."""
-    for t in prompting.TEMPLATES.values():
-        p, s = vocab.special(t.prefix), vocab.special(t.suffix)
-        if p is None or s is None or p not in ids or s not in ids:
-            continue
-        ip, is_ = ids.index(p), ids.index(s)
-        m = vocab.special(t.middle)
-        if t.order == "sp":
-            head, suffix, prefix = ids[:is_], ids[is_ + 1 : ip], ids[ip + 1 :]
-        else:
-            end = ids.index(m, is_) if m is not None and m in ids[is_:] else len(ids)
-            head, prefix, suffix = ids[:ip], ids[ip + 1 : is_], ids[is_ + 1 : end]
-        return SplitPrompt(
-            decode(prefix, skip_special_tokens=True),
-            decode(suffix, skip_special_tokens=True),
-            _documents(head, vocab.special(t.file_sep), decode),
-            t.stop,
-        )
-    return SplitPrompt(decode(ids, skip_special_tokens=True), "", [], ())
-
-
-def _documents(
-    head: list[int], sep: int | None, decode: Callable[..., str]
-) -> list[tuple[str, str]]:
-    """The other files of a repository-level prompt: ``<file_sep>path\\ntext`` each."""
-    if sep is None:
-        return []
-    out = []
-    pieces: list[list[int]] = [[]]
-    for t in head:
-        if t == sep:
-            pieces.append([])
-        else:
-            pieces[-1].append(t)
-    for piece in pieces[1:]:
-        name, _, text = decode(piece, skip_special_tokens=True).partition("\n")
-        if text.strip():  # the current file's header has a path and no text
-            out.append((name, text))
-    return out
-
-
 def _events(response: http.client.HTTPResponse) -> Iterator[dict[str, Any]]:
     """The JSON payloads of a server-sent event stream, up to ``[DONE]`` or its end."""
     while line := response.readline():
@@ -380,6 +334,17 @@ def _cut(text: str, stops: Sequence[str]) -> str | None:
     """``text`` cut before the first template stop string in it, or None."""
     at = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
     return None if at < 0 else text[:at]
+
+
+def _partial_stop(text: str, stops: Sequence[str]) -> int:
+    """The length of the longest end of ``text`` that begins a stop string."""
+    longest = 0
+    for stop in stops:
+        for n in range(min(len(stop) - 1, len(text)), longest, -1):
+            if text.endswith(stop[:n]):
+                longest = n
+                break
+    return longest
 
 
 def _message(raw: bytes) -> str:

@@ -249,6 +249,8 @@ def cmd_complete(args: argparse.Namespace) -> int:
     uri = path.resolve().as_uri()
     doc = Document(uri, text, language_id=_language_id(path))
     line, col = _check_position(doc, args)
+    if args.server and args.backend:
+        raise BadInputError("--server and --backend: a daemon already has its own; give one")
     if args.server:
         result = _complete_remote(args, uri, doc, line, col)
     else:

@@ -15,7 +15,8 @@ import threading
 import pytest
 from http_testing import ENV, SPECD, HttpServer, InProcessServer, metrics, wait_for
 from lsp_testing import RawClient
-from specd.lsp.backend import Backend, BackendError, split_prompt
+from specd.lsp.backend import Backend, BackendError
+from specd.lsp.backend_prompt import split_prompt
 from specd.lsp.documents import Document
 from specd.lsp.http import HttpService
 from specd.lsp.prompting import ContextDocument, Vocabulary, build, choose_template
@@ -229,3 +230,131 @@ def test_split_prompt_recovers_what_infill_asks_for():
     assert split.suffix == "\nprint(f())\n"
     assert split.extra == [("util.py", "X = 1\n\n")]
     assert "<file_sep>" in split.stops
+
+
+class _Stub:
+    """A server that answers like vLLM (OpenAI chunks, then a usage-only chunk) or like
+    llama.cpp (``content`` events, the last with ``stop`` and ``timings``), and records
+    what it was sent."""
+
+    def __init__(self, pieces):
+        import asyncio
+
+        from aiohttp import web
+
+        self.pieces = pieces
+        self.bodies = []
+
+        async def openai(request):
+            self.bodies.append(await request.json())
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await response.prepare(request)
+            for p in self.pieces:
+                chunk = {"choices": [{"index": 0, "text": p, "finish_reason": None}]}
+                await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            end = {"choices": [{"index": 0, "text": "", "finish_reason": "stop"}]}
+            await response.write(b"data: " + json.dumps(end).encode() + b"\n\n")
+            usage = {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 5}}
+            await response.write(b"data: " + json.dumps(usage).encode() + b"\n\ndata: [DONE]\n\n")
+            return response
+
+        async def infill(request):
+            self.bodies.append(await request.json())
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await response.prepare(request)
+            for p in self.pieces:
+                event = {"content": p, "stop": False}
+                await response.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+            last = {"content": "", "stop": True, "stop_type": "eos", "tokens_predicted": 5}
+            last.update(tokens_evaluated=9, timings={"prompt_n": 2})
+            await response.write(b"data: " + json.dumps(last).encode() + b"\n\n")
+            return response
+
+        app = web.Application()
+        app.router.add_post("/v1/completions", openai)
+        app.router.add_post("/infill", infill)
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+
+        async def start():
+            runner = web.AppRunner(app)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            return runner
+
+        self.runner = asyncio.run_coroutine_threadsafe(start(), self.loop).result(30)
+        self.port = self.runner.addresses[0][1]
+
+    def close(self):
+        import asyncio
+
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+STARCODER = ["<fim_prefix>", "<fim_suffix>", "<fim_middle>", "<file_sep>", "<|endoftext|>"]
+
+
+def _fim_prompt(tok):
+    vocab = Vocabulary(tok.encode, tok)
+    doc = Document("file:///w/a.py", "def f():\n    ret\nprint(f())\n")
+    cursor = doc.cursor(doc.resolve(1, 7), before_chars=10_000, after_chars=10_000)
+    others = [ContextDocument("util.py", tok.encode("X = 1\n"))]
+    return build(choose_template(vocab, "starcoder"), vocab, cursor, path="a.py", others=others)
+
+
+def test_a_plain_openai_server_degrades_stats_and_cuts_at_a_template_stop():
+    """Guards against invented numbers from a server that reports none (speculation counts
+    must stay 0, token ids empty), and against text after a template stop token such as
+    ``<file_sep>`` reaching the editor when the server does not stop there itself."""
+    tok = _Tok(STARCODER)
+    stub = _Stub(["urn 1", "\n<file_s", "ep>util.py\nX = 2"])
+    try:
+        backend = Backend(f"http://127.0.0.1:{stub.port}/v1", tok, tok.encode, model="m")
+        prompt = _fim_prompt(tok)
+        gen = backend.stream(prompt.ids, SamplingParams(max_tokens=16))
+        text = "".join(d.text for d in gen)
+        assert text == "urn 1\n"
+        c = gen.completion
+        assert c.token_ids == [] and c.stats.finish_reason == "stop"
+        assert (c.stats.target_steps, c.stats.drafted, c.stats.accepted) == (0, 0, 0)
+        sent = stub.bodies[0]
+        assert sent["prompt"].startswith("<file_sep>util.py\nX = 1\n")
+        assert "<fim_middle>" in sent["prompt"] and sent["model"] == "m"
+        assert "<file_sep>" in sent["stop"] and sent["max_tokens"] == 16
+    finally:
+        stub.close()
+
+
+def test_a_plain_openai_server_usage_fills_the_token_counts():
+    tok = _Tok(STARCODER)
+    stub = _Stub(["a", "b"])
+    try:
+        backend = Backend(f"http://127.0.0.1:{stub.port}/v1", tok, tok.encode)
+        gen = backend.stream(tok.encode("x = "), SamplingParams(max_tokens=8))
+        assert "".join(d.text for d in gen) == "ab"
+        s = gen.completion.stats
+        assert (s.prompt_tokens, s.new_tokens, s.finish_reason) == (7, 5, "eos")
+    finally:
+        stub.close()
+
+
+def test_infill_backend_sends_the_pieces_llama_cpp_asks_for():
+    """Guards against /infill getting the whole templated prompt as its prefix (llama.cpp
+    would wrap it in a second template)."""
+    tok = _Tok(STARCODER)
+    stub = _Stub(["urn", " 1"])
+    try:
+        backend = Backend(f"http://127.0.0.1:{stub.port}/infill", tok, tok.encode)
+        gen = backend.stream(_fim_prompt(tok).ids, SamplingParams(max_tokens=16))
+        assert "".join(d.text for d in gen) == "urn 1"
+        sent = stub.bodies[0]
+        assert sent["input_prefix"] == "def f():\n    ret"
+        assert sent["input_suffix"] == "\nprint(f())\n"
+        assert sent["input_extra"] == [{"filename": "util.py", "text": "X = 1\n\n"}]
+        assert sent["n_predict"] == 16 and sent["stream"] is True
+        s = gen.completion.stats
+        assert (s.prompt_tokens, s.new_tokens, s.reused_tokens) == (9, 5, 7)
+    finally:
+        stub.close()

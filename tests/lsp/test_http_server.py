@@ -172,3 +172,16 @@ def test_refuses_a_non_loopback_address_without_allow_remote():
 
 def test_listens_on_loopback(server):
     assert server.host == "127.0.0.1"
+
+
+def test_streamed_infill_is_the_same_content_in_llama_cpp_events(server):
+    """Guards against a stream that loses or repeats text around the held-back last line,
+    or ends without llama.cpp's final ``stop: true`` event."""
+    body = {"input_prefix": "def f(x):\n", "prompt": "    ", "n_predict": 20}
+    _, whole = post(server, "/infill", body)
+    status, raw = request(server, "POST", "/infill", {**body, "stream": True})
+    assert status == 200
+    data = [json.loads(d) for d in events(raw)]
+    assert all(not d["stop"] for d in data[:-1]) and data[-1]["stop"] is True
+    assert "".join(d["content"] for d in data) == whole["content"]
+    assert data[-1]["tokens_predicted"] == whole["tokens_predicted"]
