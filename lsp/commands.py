@@ -52,10 +52,22 @@ def specd_register_commands(subparsers: argparse._SubParsersAction) -> None:
         metavar="HOST:PORT",
         help="listen on a loopback address, e.g. 127.0.0.1:8765 (port 0: any free port)",
     )
+    where.add_argument(
+        "--http",
+        metavar="HOST:PORT",
+        help="serve OpenAI /v1/completions and llama.cpp /infill over HTTP, e.g. 127.0.0.1:8080",
+    )
     p.add_argument(
         "--allow-remote",
         action="store_true",
-        help="allow --tcp on a non-loopback address (no authentication: trusted networks only)",
+        help="allow --tcp/--http on a non-loopback address (no authentication: trusted networks only)",
+    )
+    p.add_argument(
+        "--queue",
+        type=int,
+        default=16,
+        metavar="N",
+        help="--http: requests that may wait for the engine; one more gets a 503 (default: 16)",
     )
     p.add_argument(
         "--cache-entries",
@@ -92,6 +104,11 @@ def specd_register_commands(subparsers: argparse._SubParsersAction) -> None:
         metavar="HOST:PORT",
         help="ask a running `specd serve --tcp` daemon instead of loading the model here",
     )
+    p.add_argument(
+        "--allow-remote",
+        action="store_true",
+        help="allow --backend on a non-loopback host (the file's code is sent there)",
+    )
     _add_common(p)
     p.set_defaults(func=cmd_complete)
 
@@ -111,6 +128,19 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help=f"settings file (default: {config.default_file()} when it exists)",
     )
+    g = p.add_argument_group("remote backend")
+    g.add_argument(
+        "--backend",
+        metavar="URL",
+        help="generate on a server: http://HOST:PORT/v1 (OpenAI /v1/completions) or "
+        "http://HOST:PORT/infill (llama.cpp); --model still builds the prompt. "
+        "API key: $SPECD_BACKEND_KEY",
+    )
+    g.add_argument(
+        "--backend-model",
+        metavar="NAME",
+        help="the model name to send to the backend (vLLM and SGLang check it)",
+    )
     add_model_args(p)
     add_decoding_args(p)
 
@@ -121,7 +151,14 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     from .daemon import listen, parse_address
 
-    address = parse_address(args.tcp, allow_remote=args.allow_remote) if args.tcp else None
+    where = args.tcp or args.http
+    try:
+        address = parse_address(where, allow_remote=args.allow_remote) if where else None
+    except BadInputError as e:
+        flag = "--http" if args.http else "--tcp"
+        raise BadInputError(str(e).replace("--tcp", flag, 1)) from None
+    if args.queue < 0:
+        raise BadInputError(f"--queue {args.queue}: must be at least 0")
     settings, messages = _settings(args, strict=False)
     params = sampling_params(args)
     if args.cache_entries is not None and args.cache_entries < 1:
@@ -133,6 +170,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
         cache["prefix_cache_entries"] = args.cache_entries
     if args.cache_mib is not None:
         cache["prefix_cache_bytes"] = args.cache_mib * 2**20
+    if args.http and args.backend:
+        raise BadInputError("--backend: use it with --stdio or --tcp; --http serves a local model")
+    if args.http:
+        try:  # a busy port is a one-line error before the model loads
+            listen(*address).close()
+        except BadInputError as e:
+            raise BadInputError(str(e).replace("--tcp", "--http", 1)) from None
+        engine = build_engine(args, **cache)
+        warm_up(engine)
+        gc.freeze()  # see _load
+        return _serve_http(engine, params, settings, address, args.queue)
     sock = listen(*address) if address else None
 
     # The model loads behind the protocol: ``initialize`` is answered while it loads, and
@@ -168,6 +216,7 @@ def _load(service: Any, args: argparse.Namespace, cache: dict[str, int]) -> None
     try:
         engine = build_engine(args, **cache)
         warm_up(engine)
+        engine = _with_backend(args, engine)
     except BaseException as exc:  # noqa: BLE001 - reported, then the process ends
         service.load_failed(exc)
         bad_input = isinstance(exc, (BadInputError, ModelNotFoundError))
@@ -180,6 +229,42 @@ def _load(service: Any, args: argparse.Namespace, cache: dict[str, int]) -> None
     gc.freeze()
     service.attach(engine)
     log.info("model loaded and warmed up in %.2f s", time.perf_counter() - t0)
+
+
+def _serve_http(
+    engine: Any, params: Any, settings: config.Settings, address: Any, queue: int
+) -> int:
+    from .http import HttpService, run_http
+
+    service = HttpService(engine, params, settings=settings, queue_limit=queue)
+
+    def ready(host: str, port: int) -> None:
+        print(f"specd: serving HTTP on http://{host}:{port}", file=sys.stderr, flush=True)
+
+    return run_http(service, *address, ready=ready)
+
+
+def _with_backend(args: argparse.Namespace, engine: Any) -> Any:
+    """The remote backend to generate with when ``--backend`` names one, else ``engine``.
+    The local model still builds the prompts (its tokenizer and template)."""
+    if not args.backend:
+        return engine
+    from .backend import Backend
+    from .daemon import is_loopback
+
+    backend = Backend(
+        args.backend,
+        engine.tokenizer,
+        engine.tokenize,
+        model=args.backend_model,
+        api_key=os.environ.get("SPECD_BACKEND_KEY") or None,
+    )
+    if not (args.allow_remote or backend.host == "localhost" or is_loopback(backend.host)):
+        raise BadInputError(
+            f"--backend {args.backend}: {backend.host} is not a loopback address; the code "
+            f"around the cursor is sent there, so pass --allow-remote to say that is intended"
+        )
+    return backend
 
 
 def warm_up(engine: Any) -> None:
@@ -207,6 +292,8 @@ def cmd_complete(args: argparse.Namespace) -> int:
     uri = path.resolve().as_uri()
     doc = Document(uri, text, language_id=_language_id(path))
     line, col = _check_position(doc, args)
+    if args.server and args.backend:
+        raise BadInputError("--server and --backend: a daemon already has its own; give one")
     if args.server:
         result = _complete_remote(args, uri, doc, line, col)
     else:
@@ -229,7 +316,7 @@ def _complete_here(args: argparse.Namespace, doc: Any, line: int, col: int) -> d
     from .prompting import display_path
 
     settings, _ = _settings(args, strict=True)
-    completer = Completer(build_engine(args), sampling_params(args))
+    completer = Completer(_with_backend(args, build_engine(args)), sampling_params(args))
     cursor = cursor_at(doc, doc.resolve(line, col, "utf-32"), settings)
     request = CompletionRequest(cursor, display_path(doc.uri), settings, uri=doc.uri)
     return completer.complete(request).as_json()

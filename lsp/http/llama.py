@@ -1,0 +1,191 @@
+"""llama.cpp's ``POST /infill``, in the shape llama.vim and llama.vscode send and read.
+
+What those clients rely on, and what specd does about it:
+
+- ``input_prefix`` + ``prompt`` is the text before the cursor (llama.vim sends the lines
+  above and the start of the cursor's line apart), ``input_suffix`` the text after it, and
+  ``input_extra`` (``{text, filename, time}``) other files; the prompt is built by the same
+  module as the language server's, so the template and context layout are the same.
+- ``n_predict: 0`` only warms the cache: the prompt is computed into the prefix cache
+  (one target step) and the answer has empty ``content``.
+- ``t_max_predict_ms`` ends generation only once a newline has been produced, as in
+  llama.cpp, so a slow first line is still returned whole rather than cut to nothing.
+- ``n_indent``: a new line indented less than that ends the completion, without the line.
+- The body is compact JSON (``"content":"``, no space: llama.vim looks for exactly that),
+  and ``response_fields`` picks fields, nested ones flattened (``"timings/prompt_n"``).
+- ``samplers``, ``id_slot``, ``cache_prompt`` and ``t_max_prompt_ms`` are accepted and
+  ignored: sampling is temperature, top-k, top-p (greedy unless a temperature is sent or
+  the server was started with one), the prefix cache is always on, and prompts are never
+  cut short by time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+from .runner import Job
+from .schema import InfillBody, decode
+from .service import SERVICE, HttpService
+
+#: the engine's finish reasons -> llama.cpp's ``stop_type``
+STOP_TYPE = {"eos": "eos", "stop": "word", "length": "limit", "time": "limit", "indent": "limit"}
+
+
+async def infill(request: web.Request) -> web.StreamResponse:
+    """``POST /infill``."""
+    svc: HttpService = request.app[SERVICE]
+    body = decode(await request.read(), InfillBody)
+    job, truncated = _job(svc, body, client=svc.client_of(request))
+    warm = body.n_predict == 0
+    if not body.stream:
+        text, _ = await svc.collect(job)
+        text = "" if warm else cut_indent(text, body.n_indent)
+        return _reply(svc, _result(svc, job, text, truncated, warm), body.response_fields)
+
+    # The response starts with the first event, so a full queue can still answer 503.
+    response: web.StreamResponse | None = None
+    held = sent = ""
+    stream = svc.runner.stream(job)
+    async with contextlib.aclosing(stream):  # type: ignore[type-var]
+        async for delta in stream:
+            held += delta.text
+            if warm or "\n" not in held:
+                continue
+            # a line is final once it has ended: only then can n_indent no longer cut it
+            ready = cut_indent(held[: held.rindex("\n")], body.n_indent)[len(sent) :]
+            if ready:
+                sent += ready
+                response = response or await svc.start_sse(request)
+                await svc.send_event(response, {"content": ready, "stop": False, "id_slot": 0})
+    final = "" if warm else cut_indent(held, body.n_indent)
+    last = _result(svc, job, final, truncated, warm)
+    last["content"] = final[len(sent) :]
+    response = response or await svc.start_sse(request)
+    await svc.send_event(response, _fields(last, body.response_fields))
+    await response.write_eof()
+    return response
+
+
+def _job(svc: HttpService, body: InfillBody, *, client: str) -> tuple[Job, bool]:
+    base = svc.params
+    if body.n_predict == 0:
+        max_tokens = 1
+    elif body.n_predict > 0:
+        max_tokens = body.n_predict
+    else:
+        max_tokens = base.max_tokens
+    # SamplingParams refuses a bad value with a BadInputError naming it (a 400)
+    params = dataclasses.replace(
+        base,
+        max_tokens=max_tokens,
+        temperature=body.temperature if body.temperature is not None else base.temperature,
+        top_k=body.top_k if body.top_k is not None else base.top_k,
+        top_p=body.top_p if body.top_p is not None else base.top_p,
+        seed=body.seed if body.seed is not None else base.seed,
+        stop=tuple(body.stop) if body.stop else base.stop,
+    )
+    extra = [(c.filename, c.text) for c in body.input_extra]
+    prompt, truncated = svc.prompter.build(
+        body.input_prefix + body.prompt, body.input_suffix, extra=extra
+    )
+    stop = None if body.n_predict == 0 else _stop_rule(body.t_max_predict_ms, body.n_indent)
+    return Job(prompt.ids, params, client, stop_ids=prompt.stop_ids, should_stop=stop), truncated
+
+
+def _stop_rule(t_max_predict_ms: int, n_indent: int) -> Callable[[str], str] | None:
+    """llama.cpp's two early stops, checked before each target step."""
+    if not t_max_predict_ms and not n_indent:
+        return None
+    started: list[float] = []
+
+    def should_stop(text: str) -> str:
+        now = time.monotonic()
+        if not started:
+            started.append(now)  # the first check comes right after the prompt is computed
+        if n_indent and cut_indent(text, n_indent) != text:
+            return "indent"
+        if t_max_predict_ms and "\n" in text and now - started[0] > t_max_predict_ms / 1000:
+            return "time"
+        return ""
+
+    return should_stop
+
+
+def cut_indent(text: str, n_indent: int) -> str:
+    """``text`` up to the first line after the first that starts (has a non-blank
+    character) with less than ``n_indent`` columns of indentation: such a line leaves the
+    block being completed."""
+    if n_indent <= 0:
+        return text
+    lines = text.split("\n")
+    for i in range(1, len(lines)):
+        body = lines[i].lstrip(" \t")
+        if body and len(lines[i]) - len(body) < n_indent:
+            return "\n".join(lines[:i])
+    return text
+
+
+def _result(
+    svc: HttpService, job: Job, content: str, truncated: bool, warm: bool
+) -> dict[str, Any]:
+    """llama.cpp's final /infill object (``warm``: a context-only request)."""
+    c = job.completion
+    if c is None:  # the generation raised before it began; the handler has answered
+        return {"content": content, "stop": True}
+    s = c.stats
+    prompt_n = s.prompt_tokens - s.reused_tokens
+    prompt_ms = 1000 * s.prefill_s
+    predicted_ms = 1000 * max(s.total_s - s.prefill_s, 0.0)
+    predicted_n = 0 if warm else s.new_tokens
+    return {
+        "index": 0,
+        "content": content,
+        "tokens": [],
+        "id_slot": 0,
+        "stop": True,
+        "model": svc.model_name,
+        "tokens_predicted": predicted_n,
+        "tokens_evaluated": s.prompt_tokens,
+        "has_new_line": "\n" in content,
+        "truncated": truncated,
+        "stop_type": STOP_TYPE.get(s.finish_reason, "none"),
+        "stopping_word": "",
+        "tokens_cached": s.prompt_tokens + s.new_tokens,
+        "timings": {
+            "prompt_n": prompt_n,
+            "prompt_ms": prompt_ms,
+            "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
+            "prompt_per_second": 1000 * prompt_n / prompt_ms if prompt_ms else 0.0,
+            "predicted_n": predicted_n,
+            "predicted_ms": predicted_ms,
+            "predicted_per_token_ms": predicted_ms / predicted_n if predicted_n else 0.0,
+            "predicted_per_second": 1000 * predicted_n / predicted_ms if predicted_ms else 0.0,
+        },
+        "specd": s.as_json(),
+    }
+
+
+def _fields(result: dict[str, Any], fields: list[str] | None) -> dict[str, Any]:
+    """``response_fields``: only the fields asked for, a nested one under its path."""
+    if fields is None:
+        return result
+    out: dict[str, Any] = {}
+    for path in fields:
+        value: Any = result
+        for part in path.split("/"):
+            if not isinstance(value, dict) or part not in value:
+                break
+            value = value[part]
+        else:
+            out[path] = value
+    return out
+
+
+def _reply(svc: HttpService, result: dict[str, Any], fields: list[str] | None) -> web.Response:
+    return svc.json(_fields(result, fields))

@@ -1,0 +1,133 @@
+"""OpenAI's ``POST /v1/completions`` and ``GET /v1/models``.
+
+The request and response shapes are OpenAI's; specd's per-request stats ride along under
+``"specd"`` (with the token ids, which OpenAI's shape has no place for). A prompt without
+a ``suffix`` goes to the engine as it is, exactly as ``specd generate`` sends it; with a
+``suffix`` it is wrapped in the model's fill-in-the-middle template.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+import uuid
+from typing import Any
+
+from aiohttp import web
+
+from specd import Completion
+
+from .runner import Job
+from .schema import BadRequest, CompletionBody, decode
+from .service import SERVICE, HttpService
+
+#: the engine's finish reasons -> OpenAI's
+FINISH = {"eos": "stop", "stop": "stop", "length": "length", "time": "length", "complete": "stop"}
+
+
+async def models(request: web.Request) -> web.Response:
+    """``GET /v1/models``: the one model this server serves."""
+    svc: HttpService = request.app[SERVICE]
+    body = {
+        "object": "list",
+        "data": [
+            {"id": svc.model_name, "object": "model", "created": svc.started, "owned_by": "specd"}
+        ],
+    }
+    return svc.json(body)
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    """``POST /v1/completions``."""
+    svc: HttpService = request.app[SERVICE]
+    body = decode(await request.read(), CompletionBody)
+    job = _job(svc, body, client=svc.client_of(request))
+    cid = f"cmpl-{uuid.uuid4().hex[:24]}"
+    head = {"id": cid, "object": "text_completion", "created": int(time.time())}
+    head["model"] = svc.model_name
+    if not body.stream:
+        text, ids = await svc.collect(job)
+        choice = {"text": text, "index": 0, "logprobs": None, "finish_reason": _finish(job)}
+        return svc.json({**head, "choices": [choice], **_tail(job)})
+
+    stream = svc.runner.stream(job)
+    response: web.StreamResponse | None = None
+    async with contextlib.aclosing(stream):  # type: ignore[type-var]
+        async for delta in stream:
+            if response is None:
+                response = await svc.start_sse(request)
+            if delta.text:
+                choice = {"text": delta.text, "index": 0, "logprobs": None, "finish_reason": None}
+                await svc.send_event(response, {**head, "choices": [choice]})
+    if response is None:  # nothing was streamed (an empty completion)
+        response = await svc.start_sse(request)
+    choice = {"text": "", "index": 0, "logprobs": None, "finish_reason": _finish(job)}
+    await svc.send_event(response, {**head, "choices": [choice], **_tail(job)})
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response
+
+
+def _job(svc: HttpService, body: CompletionBody, *, client: str) -> Job:
+    base = svc.params
+    # SamplingParams refuses a bad value with a BadInputError naming it (a 400)
+    params = dataclasses.replace(
+        base,
+        max_tokens=body.max_tokens if body.max_tokens is not None else base.max_tokens,
+        temperature=body.temperature if body.temperature is not None else base.temperature,
+        top_p=body.top_p if body.top_p is not None else base.top_p,
+        top_k=body.top_k if body.top_k is not None else base.top_k,
+        seed=body.seed if body.seed is not None else base.seed,
+        stop=_stops(body.stop) if body.stop is not None else base.stop,
+    )
+    prompt: str | list[int]
+    if isinstance(body.prompt, list) and body.prompt and isinstance(body.prompt[0], str):
+        prompt = str(body.prompt[0])
+    elif isinstance(body.prompt, list):
+        prompt = [int(t) for t in body.prompt]
+        vocab = svc.engine.target.vocab_size
+        if any(not 0 <= t < vocab for t in prompt):
+            raise BadRequest(f"prompt: token ids must be in [0, {vocab})", "prompt")
+    else:
+        prompt = body.prompt
+    if body.suffix is None:
+        # tokenized as the engine would (the same ids as `specd generate`), to find the
+        # stop tokens of a fill-in-the-middle prompt the client built itself
+        ids = svc.engine.tokenize(prompt) if isinstance(prompt, str) else prompt
+        return Job(ids, params, client, stop_ids=svc.prompter.stop_ids(ids))
+    if not svc.prompter.fim:
+        raise BadRequest(
+            f"suffix: {svc.model_name} has no fill-in-the-middle tokens; send the prompt alone",
+            "suffix",
+        )
+    if not isinstance(prompt, str):
+        raise BadRequest("suffix: needs a text prompt, not token ids", "suffix")
+    built, _ = svc.prompter.build(prompt, body.suffix)
+    return Job(built.ids, params, client, stop_ids=built.stop_ids)
+
+
+def _stops(stop: str | list[str]) -> tuple[str, ...]:
+    stops = (stop,) if isinstance(stop, str) else tuple(stop)
+    if len(stops) > 16 or any(not s for s in stops):
+        raise BadRequest("stop: up to 16 non-empty strings", "stop")
+    return stops
+
+
+def _finish(job: Job) -> str | None:
+    c: Completion | None = job.completion
+    return FINISH.get(c.stats.finish_reason, "stop") if c is not None else None
+
+
+def _tail(job: Job) -> dict[str, Any]:
+    """``usage`` and specd's ``stats`` for the last message of a response."""
+    c = job.completion
+    if c is None:
+        return {}
+    s = c.stats
+    usage = {
+        "prompt_tokens": s.prompt_tokens,
+        "completion_tokens": s.new_tokens,
+        "total_tokens": s.prompt_tokens + s.new_tokens,
+    }
+    return {"usage": usage, "specd": {"token_ids": c.token_ids, "stats": s.as_json()}}

@@ -1,0 +1,122 @@
+"""The request bodies ``specd serve --http`` accepts, as msgspec Structs.
+
+Unknown fields are ignored, not refused: OpenAI clients and llama.vim send fields specd
+has no use for (``user``, ``id_slot``, ``samplers``...). A known field with a bad value is
+refused with a 400 that names it, and so is a value specd cannot honour (``n: 2``,
+``echo: true``) rather than being silently ignored.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, TypeVar
+
+import msgspec
+
+NonNegative = Annotated[int, msgspec.Meta(ge=0)]
+Tokens = Annotated[int, msgspec.Meta(ge=1, le=65536)]
+Temperature = Annotated[float, msgspec.Meta(ge=0.0, le=100.0)]
+TopP = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
+
+
+class BadRequest(Exception):
+    """A request body that cannot be served; ``param`` names the field at fault."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class StreamOptions(msgspec.Struct):
+    include_usage: bool = False
+
+
+class CompletionBody(msgspec.Struct, kw_only=True):
+    """OpenAI's ``POST /v1/completions``. ``None`` means the server's default (its
+    ``--max-tokens``, ``--temperature``...)."""
+
+    prompt: str | list[str | int]  # text, [text], or token ids
+    model: str | None = None
+    suffix: str | None = None
+    max_tokens: Tokens | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_k: NonNegative | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: Annotated[int, msgspec.Meta(ge=1)] = 1
+    best_of: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    echo: bool = False
+    logprobs: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.n != 1 or (self.best_of or 1) != 1:
+            raise BadRequest("n and best_of: specd returns one choice per request", "n")
+        if self.echo:
+            raise BadRequest("echo: not supported", "echo")
+        if self.logprobs is not None:
+            raise BadRequest("logprobs: not supported", "logprobs")
+        if isinstance(self.prompt, list):
+            texts = sum(isinstance(p, str) for p in self.prompt)
+            if texts and (texts > 1 or len(self.prompt) > 1):
+                raise BadRequest(
+                    "prompt: one text, or a list of token ids (one prompt per request)", "prompt"
+                )
+
+
+class ExtraChunk(msgspec.Struct):
+    """One ``input_extra`` item: text from another file. llama.vim also sends ``time`` (a
+    list), which specd does not use."""
+
+    text: str
+    filename: str = ""
+    time: Any = None
+
+
+class InfillBody(msgspec.Struct, kw_only=True):
+    """llama.cpp's ``POST /infill``, as llama.vim and llama.vscode send it."""
+
+    input_prefix: str = ""
+    input_suffix: str = ""
+    input_extra: list[ExtraChunk] = []
+    prompt: str = ""
+    n_predict: Annotated[int, msgspec.Meta(ge=-1, le=65536)] = -1
+    n_indent: NonNegative = 0
+    t_max_predict_ms: NonNegative = 0
+    t_max_prompt_ms: int = -1
+    temperature: Temperature | None = None
+    top_k: NonNegative | None = None
+    top_p: TopP | None = None
+    seed: int | None = None
+    stop: list[str] = []
+    stream: bool = False
+    cache_prompt: bool = True
+    response_fields: list[str] | None = None
+    model: str | None = None
+
+
+T = TypeVar("T")
+
+_PATH = re.compile(r" - at `\$\.?([^`]*)`$")
+
+
+def decode(body: bytes, kind: type[T]) -> T:
+    """One request body, or :class:`BadRequest` naming the field at fault."""
+    if not body.strip():
+        raise BadRequest("the request body is empty; expected a JSON object")
+    try:
+        return msgspec.json.decode(body, type=kind)
+    except BadRequest:
+        raise
+    except msgspec.ValidationError as e:
+        text = str(e)
+        m = _PATH.search(text)
+        field = m.group(1) if m else None
+        if missing := re.search(r"missing required field `([^`]*)`", text):
+            field = f"{field}.{missing.group(1)}" if field else missing.group(1)
+        where = f" (field {field})" if field else ""
+        raise BadRequest(f"{_PATH.sub('', text)}{where}", field) from None
+    except msgspec.DecodeError as e:
+        raise BadRequest(f"the request body is not valid JSON: {e}") from None

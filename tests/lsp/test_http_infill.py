@@ -1,0 +1,119 @@
+"""The llama.cpp ``/infill`` rules that llama.vim depends on, without a server."""
+
+from __future__ import annotations
+
+import time
+
+from specd.lsp.http.llama import _fields, _stop_rule, cut_indent
+
+
+def test_time_limit_waits_for_a_newline():
+    """Guards against a plain wall-clock cut: llama.vim's first request has 250 ms, and a
+    cut before the first line ends returns nothing it can show."""
+    should_stop = _stop_rule(t_max_predict_ms=1, n_indent=0)
+    assert should_stop is not None
+    assert should_stop("") == ""  # the first check starts the clock
+    time.sleep(0.01)
+    assert should_stop("    return compute(") == ""
+    assert should_stop("    return compute(x)\n") == "time"
+
+
+def test_no_rule_without_limits():
+    assert _stop_rule(0, 0) is None
+
+
+def test_indent_rule_stops_at_a_line_that_leaves_the_block():
+    should_stop = _stop_rule(t_max_predict_ms=0, n_indent=4)
+    assert should_stop is not None
+    assert should_stop("x = 1\n    y = 2\n    ") == ""  # blank so far: not judged yet
+    assert should_stop("x = 1\n    y = 2\nz") == "indent"
+
+
+def test_cut_indent_drops_the_first_outdented_line_and_what_follows():
+    """Guards against keeping the line that leaves the block (llama.vim would show code
+    from the next function) and against judging the first line, which continues the
+    cursor's line whatever its indentation."""
+    text = "a + b\n        c = 1\n\n    return c\ndef g():\n    pass"
+    assert cut_indent(text, 4) == "a + b\n        c = 1\n\n    return c"
+    assert cut_indent(text, 8) == "a + b\n        c = 1\n"
+    assert cut_indent("x\ny", 0) == "x\ny"
+    assert cut_indent("x", 4) == "x"
+    assert cut_indent("x\n\t\ty", 2) == "x\n\t\ty"  # a tab counts as one column, like llama.cpp
+
+
+def test_response_fields_flatten_nested_paths_and_skip_unknown_ones():
+    """Guards against nested ``timings`` where llama.vim reads ``timings/prompt_n``."""
+    result = {"content": "x", "timings": {"prompt_n": 3, "predicted_n": 2}, "stop": True}
+    picked = _fields(result, ["content", "timings/prompt_n", "timings/nope", "missing"])
+    assert picked == {"content": "x", "timings/prompt_n": 3}
+    assert _fields(result, None) is result
+
+
+class _Scripted:
+    """An engine that writes the same pieces whatever the prompt, checking ``cancel``
+    before each one as the real engine does before each target step."""
+
+    PIECES = ["a + b\n", "        c = 1\n", "\n    ret", "urn c\n", "def g():\n", "    pass"]
+
+    def __init__(self):
+        from types import SimpleNamespace
+
+        self.tokenizer = SimpleNamespace(decode=lambda ids, **kw: "")
+        self.target = SimpleNamespace(name="scripted", vocab_size=1000)
+        self.steps = 0
+
+    def tokenize(self, text):
+        return [ord(c) % 1000 for c in text]
+
+    def stream(self, prompt, params, cancel=None, **kw):
+        from specd import Completion, Delta, Stats
+
+        engine = self
+
+        class Gen:
+            completion = None
+
+            def __iter__(self):
+                stats = Stats(prompt_tokens=len(prompt))
+                for i, piece in enumerate(engine.PIECES[: params.max_tokens]):
+                    if cancel is not None and cancel():
+                        stats.finish_reason = "cancelled"
+                        break
+                    engine.steps += 1
+                    stats.new_tokens = i + 1
+                    yield Delta(piece, [i])
+                else:
+                    stats.finish_reason = "length"
+                self.completion = Completion("", list(range(stats.new_tokens)), stats)
+
+        return Gen()
+
+
+def test_streamed_infill_holds_back_lines_n_indent_may_still_cut():
+    """Guards against streaming a line that ``n_indent`` then cuts (the client would show
+    code from the next function), and against the stream and the whole answer differing."""
+    import json
+
+    from http_testing import InProcessServer, events, post, request
+    from specd.lsp.http import HttpService
+
+    from specd import SamplingParams
+
+    engine = _Scripted()
+    server = InProcessServer(HttpService(engine, SamplingParams(max_tokens=64)))
+    try:
+        body = {"input_prefix": "def f():\n", "prompt": "    return ", "n_indent": 4}
+        _, whole = post(server, "/infill", body)
+        assert whole["content"] == "a + b\n        c = 1\n\n    return c"
+        assert whole["stop_type"] == "limit"
+        # the outdented line came with step 5: the rule stopped before step 6
+        assert engine.steps == len(_Scripted.PIECES) - 1
+        status, raw = request(server, "POST", "/infill", {**body, "stream": True})
+        assert status == 200
+        data = [json.loads(d) for d in events(raw)]
+        streamed = [d["content"] for d in data]
+        assert "".join(streamed) == whole["content"]
+        assert all("def g" not in piece for piece in streamed)
+        assert len(data) > 2  # finished lines went out before the end
+    finally:
+        server.close()
