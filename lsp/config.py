@@ -9,6 +9,7 @@ instead and exits 2 with the same message.
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -16,6 +17,8 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from specd import BadInputError
+
+log = logging.getLogger(__name__)
 
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 
@@ -143,3 +146,21 @@ def _describe(key: str, message: str) -> str:
         known = ", ".join(f.encode_name for f in msgspec.structs.fields(Settings))
         return f"unknown setting `{key}` (known: {known})"
     return f"bad value for `{key}`: {message.split(' - at ')[0]}"
+
+
+def load_settings(path: str | None, *, strict: bool) -> tuple[Settings, list[str]]:
+    """Settings from the file ``path`` (``--config``), else from the default file when
+    there is one. ``strict``: the first bad field raises :class:`BadInputError`; otherwise
+    it is logged and the default applies, and the messages are returned."""
+    file = Path(path) if path else default_file()
+    if not path and not file.is_file():
+        return Settings(), []
+    raw, messages = read_file(file)
+    if strict and messages:
+        raise BadInputError(messages[0].rsplit("; ", 1)[0])
+    if strict:
+        return decode_strict(raw, source=str(file)), []
+    settings, more = decode(raw, source=str(file))
+    for m in messages + more:
+        log.warning("%s", m)
+    return settings, messages + more
