@@ -289,6 +289,8 @@ class Completer:
             path=req.path,
             others=others,
             budget=budget,
+            # a remote backend (lsp/backend.py) cannot constrain tokens: no healing there
+            heal=getattr(self.engine, "heal", None) if s.token_healing else None,
         )
 
     def _cut_at_stop(self, delta: Any, stop_ids: frozenset[int]) -> tuple[str, bool]:
