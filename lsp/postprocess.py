@@ -5,8 +5,8 @@ line; at the end of a line, or on a blank line, it is a block that ends where th
 indentation says the block ends. The completion never repeats text that already follows
 the cursor (closing brackets included), keeps at most ``max_lines`` lines, and has no
 trailing whitespace. It starts at the cursor's indentation (no extra space after an
-indent), shows no line that the token limit or the time budget cut in half, completes a
-word the cursor sits inside only with more of the word, never puts a block's body at the
+indent), drops a last line that the token limit or the time budget cut in half (a lone
+line stays), completes a word the cursor sits inside only with more of the word, never puts a block's body at the
 level of the line that opens it, and, for Python, is cut back to the last line after which
 the code around it still parses (:mod:`.syntax`).
 
