@@ -198,12 +198,20 @@ def _fit_first_line(first: str, shape: Shape) -> str:
 
 
 def _opener_above(cursor: Cursor) -> int | None:
-    """The indentation of the last non-blank line before the cursor's when it opens a block."""
+    """The indentation of the statement that the last non-blank line before the cursor's
+    ends, when that line opens a block (``if (a\n        and b):`` is at the ``if``'s)."""
     above = cursor.before[: len(cursor.before) - len(cursor.line_before)].rstrip()
     if not above:
         return None
-    last = above.rsplit("\n", 1)[-1].rstrip("\r")
-    return _width(last) if last.rstrip().endswith(OPENERS) else None
+    lines = above.replace("\r", "").split("\n")[-20:]
+    if not lines[-1].rstrip().endswith(OPENERS):
+        return None
+    depth = 0  # brackets the lines from the opener line back up to here leave closed
+    for line in reversed(lines):
+        depth += sum(line.count(c) for c in ")]}") - sum(line.count(c) for c in "([{")
+        if depth <= 0:
+            return _width(line)
+    return _width(lines[-1])
 
 
 def _body_too_shallow(lines: list[str], shape: Shape) -> bool:
