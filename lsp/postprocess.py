@@ -5,8 +5,8 @@ line; at the end of a line, or on a blank line, it is a block that ends where th
 indentation says the block ends. The completion never repeats text that already follows
 the cursor (closing brackets included), keeps at most ``max_lines`` lines, and has no
 trailing whitespace. It starts at the cursor's indentation (no extra space after an
-indent), shows no line that the token limit or the time budget cut in half, completes a
-word the cursor sits inside only with more of the word, never puts a block's body at the
+indent), drops a last line that the token limit or the time budget cut in half (a lone
+line stays), completes a word the cursor sits inside only with more of the word, never puts a block's body at the
 level of the line that opens it, and, for Python, is cut back to the last line after which
 the code around it still parses (:mod:`.syntax`).
 
@@ -198,12 +198,20 @@ def _fit_first_line(first: str, shape: Shape) -> str:
 
 
 def _opener_above(cursor: Cursor) -> int | None:
-    """The indentation of the last non-blank line before the cursor's when it opens a block."""
+    """The indentation of the statement that the last non-blank line before the cursor's
+    ends, when that line opens a block (``if (a\n        and b):`` is at the ``if``'s)."""
     above = cursor.before[: len(cursor.before) - len(cursor.line_before)].rstrip()
     if not above:
         return None
-    last = above.rsplit("\n", 1)[-1].rstrip("\r")
-    return _width(last) if last.rstrip().endswith(OPENERS) else None
+    lines = above.replace("\r", "").split("\n")[-20:]
+    if not lines[-1].rstrip().endswith(OPENERS):
+        return None
+    depth = 0  # brackets the lines from the opener line back up to here leave closed
+    for line in reversed(lines):
+        depth += sum(line.count(c) for c in ")]}") - sum(line.count(c) for c in "([{")
+        if depth <= 0:
+            return _width(line)
+    return _width(lines[-1])
 
 
 def _body_too_shallow(lines: list[str], shape: Shape) -> bool:

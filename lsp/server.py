@@ -138,7 +138,8 @@ class SpecdServer(Answers, LanguageServer):
     def open(self, item: types.TextDocumentItem) -> None:
         doc = self.documents.open(item.uri, item.text, item.version, item.language_id)
         self.index.changed(doc)
-        self._chars_per_token[doc.uri] = chars_per_token(item.text, self.service.engine.tokenize)
+        if self.service.ready:  # before the model loads, the default ratio serves
+            self._chars_per_token[doc.uri] = chars_per_token(item.text, self.service.tokenize)
         self.background.opened(doc.uri, self.settings)
 
     def change(self, params: types.DidChangeTextDocumentParams) -> None:

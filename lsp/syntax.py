@@ -5,8 +5,9 @@ Python code is judged with the standard library's parser on a *chunk* of the doc
 outermost statement around the cursor that starts within :data:`CHUNK_LINES` lines, dedented
 to column 0, with the suggestion put in at the cursor. A suggestion is kept up to the last of
 its lines after which the chunk parses, either whole or cut at the end of the suggestion (the
-code after the cursor may itself be half-typed). When the chunk does not parse whatever is
-kept, the parser cannot tell and the suggestion is left alone.
+code after the cursor may itself be half-typed); the first line is always kept. When the
+chunk does not parse whatever is kept, the parser cannot tell and the suggestion is left
+alone.
 """
 
 from __future__ import annotations
@@ -45,8 +46,10 @@ def python_keep(before: str, lines: Sequence[str], after: str) -> int | None:
     :param lines: the suggestion, split into lines; the first continues the cursor's line.
     :param after: the document after the cursor (its first line is the rest of the
         cursor's line).
-    :returns: the number of lines to keep (0: the suggestion breaks code that parsed
-        without it), or None when the chunk does not parse with any of them.
+    :returns: the number of lines to keep, at least 1: a first line that does not parse
+        may be the start of a statement that goes on over several lines (and the first
+        line is what the user sees at once). None when the chunk does not parse with any
+        of them, nor without them.
     """
     head = before.split("\n")
     tail = after.split("\n")
@@ -59,10 +62,10 @@ def python_keep(before: str, lines: Sequence[str], after: str) -> int | None:
             return False
         return parses("\n".join(head + body + tail)) or parses("\n".join(head + body))
 
-    for k in range(len(lines), 0, -1):
+    for k in range(len(lines), 1, -1):
         if ok(k):
             return k
-    return 0 if ok(0) else None
+    return 1 if ok(1) or ok(0) else None
 
 
 def unmatched_closer(text: str) -> int | None:

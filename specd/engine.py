@@ -13,6 +13,7 @@ stop strings, text).
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Generator, Sequence
@@ -100,7 +101,6 @@ class Engine:
         self.guard = PluginGuard(failure_limit=plugin_failure_limit, timeout_s=plugin_timeout_s)
         self.plugins = PluginInstances(self.guard, dict(drafter_options or {}))
         self.corpus: Corpus | None = None
-        self._token_bytes: TokenBytes | None = None
         self._lock = threading.Lock()
         # Validate the defaults now so a bad name fails at start, not at the first request.
         check_names(drafter, verifier, exit_policy)
@@ -137,12 +137,10 @@ class Engine:
         Pass both to :meth:`stream`."""
         return heal(prompt, self.token_bytes)
 
-    @property
+    @functools.cached_property
     def token_bytes(self) -> TokenBytes:
         """The bytes each token writes (read from the tokenizer on first use)."""
-        if self._token_bytes is None:
-            self._token_bytes = TokenBytes.from_tokenizer(self.tokenizer, self.target.vocab_size)
-        return self._token_bytes
+        return TokenBytes.from_tokenizer(self.tokenizer, self.target.vocab_size)
 
     def generate(
         self, prompt: str | Sequence[int], params: SamplingParams | None = None, **kw: Any

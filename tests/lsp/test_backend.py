@@ -60,7 +60,10 @@ def test_complete_through_a_backend_equals_the_local_completion(http_server, sou
     """Guards against the backend sending a different prompt than the local pipeline
     builds (control tokens dropped, the prompt cut up wrongly for /infill) or skipping
     post-processing."""
-    local = _complete(source)
+    # a backend cannot constrain tokens, so it does not heal: compare with the same locally
+    no_healing = source.parent / "no-healing.toml"
+    no_healing.write_text("token-healing = false\n")
+    local = _complete(source, "--config", str(no_healing))
     url = f"http://127.0.0.1:{http_server.port}{path}"
     remote = _complete(source, "--backend", url)
     assert remote["text"] == local["text"]
@@ -122,7 +125,7 @@ def test_language_server_with_a_backend_answers_inline_completions(http_server):
     for extra in ((), ("--backend", f"http://127.0.0.1:{http_server.port}/v1")):
         client = RawClient(*extra)
         try:
-            client.initialize()
+            client.initialize({"token-healing": False})  # a backend does not heal
             _open(client, uri)
             reply = client.response(_inline(client, uri), timeout=120)
             items = reply["result"]["items"]
