@@ -173,17 +173,21 @@ class Runner:
             return bool(ours)
 
         gen = self.engine.stream(job.prompt, job.params, cancel=cancel)
+        kept: list[int] = []
         for delta in gen:
             if ours:
                 continue  # drain: the engine ends before its next target step
-            piece, cut = _cut_at(delta, job.stop_ids, self.engine)
+            piece, ids, cut = _cut_at(delta, job.stop_ids, self.engine)
             if cut:
                 ours = "stop"
-            if piece or delta.token_ids:
+            if piece or ids:
                 text += piece
-                put(Delta(piece, delta.token_ids))
+                kept += ids
+                put(Delta(piece, ids))
         job.completion = gen.completion
         if job.completion is not None:
+            if ours == "stop":  # what the client got: nothing from the stop token on
+                job.completion.text, job.completion.token_ids = text, kept
             stats = job.completion.stats
             if ours and stats.finish_reason == "cancelled" and not job.cancel.is_set():
                 stats.finish_reason = ours
@@ -193,12 +197,13 @@ class Runner:
         self._thread.shutdown(wait=False, cancel_futures=True)
 
 
-def _cut_at(delta: Delta, stop_ids: frozenset[int], engine: Engine) -> tuple[str, bool]:
-    """The delta's text, cut before a template stop token."""
+def _cut_at(delta: Delta, stop_ids: frozenset[int], engine: Engine) -> tuple[str, list[int], bool]:
+    """The delta's text and tokens, cut before a template stop token, and whether it was."""
     for i, t in enumerate(delta.token_ids):
         if t in stop_ids:
-            return engine.tokenizer.decode(delta.token_ids[:i], skip_special_tokens=True), True
-    return delta.text, False
+            ids = delta.token_ids[:i]
+            return engine.tokenizer.decode(ids, skip_special_tokens=True), ids, True
+    return delta.text, delta.token_ids, False
 
 
 async def collect(stream: AsyncIterator[Delta]) -> tuple[str, list[int]]:
