@@ -42,10 +42,19 @@ def source(tmp_path_factory):
     return path
 
 
-def _complete(source, *extra: str) -> dict:
+@pytest.fixture(scope="module")
+def no_healing(tmp_path_factory):
+    """Settings without token healing, which a remote cannot do: only then is the prompt
+    the same on both sides, and the completions comparable."""
+    path = tmp_path_factory.mktemp("cfg") / "lsp.toml"
+    path.write_text("token-healing = false\n")
+    return str(path)
+
+
+def _complete(source, config, *extra: str) -> dict:
     out = subprocess.run(
         [*SPECD, "complete", str(source), "--line", str(LINE), "--col", str(COL)]
-        + ["--model", "tiny", "--json", *extra],
+        + ["--model", "tiny", "--json", "--config", config, *extra],
         capture_output=True,
         text=True,
         env=ENV,
@@ -56,13 +65,15 @@ def _complete(source, *extra: str) -> dict:
 
 
 @pytest.mark.parametrize("path", ["/v1", "/infill"])
-def test_complete_through_a_backend_equals_the_local_completion(http_server, source, path):
+def test_complete_through_a_backend_equals_the_local_completion(
+    http_server, source, no_healing, path
+):
     """Guards against the backend sending a different prompt than the local pipeline
     builds (control tokens dropped, the prompt cut up wrongly for /infill) or skipping
     post-processing."""
-    local = _complete(source)
+    local = _complete(source, no_healing)
     url = f"http://127.0.0.1:{http_server.port}{path}"
-    remote = _complete(source, "--backend", url)
+    remote = _complete(source, no_healing, "--backend", url)
     assert remote["text"] == local["text"]
     assert remote["raw_text"] == local["raw_text"]
     assert remote["stats"]["drafter"] == "remote"
@@ -124,7 +135,7 @@ def test_language_server_with_a_backend_answers_inline_completions(http_server):
     for extra in ((), ("--backend", f"http://127.0.0.1:{http_server.port}/v1")):
         client = RawClient(*extra)
         try:
-            client.initialize()
+            client.initialize({"token-healing": False})
             _open(client, uri)
             reply = client.response(_inline(client, uri), timeout=120)
             items = [(i["insertText"], i["range"]) for i in reply["result"]["items"]]
