@@ -17,6 +17,7 @@ from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from specd import Completion, Delta, Engine, SamplingParams
 
@@ -104,6 +105,8 @@ class Job:
     client: str = ""
     stop_ids: frozenset[int] = frozenset()
     should_stop: Callable[[str], str] | None = None
+    #: token healing's constraint (the engine writes the cut text again first)
+    constraint: Any = None
     #: set at the end: the engine's completion (its text, token ids and stats)
     completion: Completion | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
@@ -172,7 +175,8 @@ class Runner:
                 ours = job.should_stop(text)
             return bool(ours)
 
-        gen = self.engine.stream(job.prompt, job.params, cancel=cancel)
+        heal = {"constraint": job.constraint} if job.constraint is not None else {}
+        gen = self.engine.stream(job.prompt, job.params, cancel=cancel, **heal)
         kept: list[int] = []
         for delta in gen:
             if ours:

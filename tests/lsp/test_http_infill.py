@@ -62,6 +62,7 @@ class _Scripted:
         self.tokenizer = SimpleNamespace(decode=lambda ids, **kw: "")
         self.target = SimpleNamespace(name="scripted", vocab_size=1000)
         self.steps = 0
+        self.step_s = 0.0
 
     def tokenize(self, text):
         return [ord(c) % 1000 for c in text]
@@ -81,6 +82,7 @@ class _Scripted:
                         stats.finish_reason = "cancelled"
                         break
                     engine.steps += 1
+                    time.sleep(engine.step_s)
                     stats.new_tokens = i + 1
                     yield piece if isinstance(piece, Delta) else Delta(piece, [i])
                 else:
@@ -157,5 +159,31 @@ def test_completion_stops_at_a_template_stop_token():
         assert reply["choices"][0]["finish_reason"] == "stop"
         assert reply["specd"]["token_ids"] == [0, 1]
         assert engine.steps == 3  # it stopped before the step after the stop token
+    finally:
+        server.close()
+
+
+def test_healed_text_does_not_count_as_the_first_newline():
+    """Guards against judging ``t_max_predict_ms`` on the raw text: when token healing
+    backs up over a newline and its indent (the cursor line is just its indent, as
+    llama.vim sends it), the healed text's newline would end the generation at its first
+    step, and the answer would be empty."""
+    from http_testing import InProcessServer, post
+    from specd.lsp.http import HttpService
+
+    from specd import SamplingParams
+    from specd.healing import Constraint
+
+    engine = _Scripted()
+    engine.heal = lambda ids: (ids[:-5], Constraint("\n    "))
+    engine.PIECES = ["\n    ", "return 1", "\n", "    x = 2"]
+    engine.step_s = 0.02
+    server = InProcessServer(HttpService(engine, SamplingParams(max_tokens=64)))
+    try:
+        body = {"input_prefix": "def f():", "prompt": "\n    ", "t_max_predict_ms": 1}
+        status, reply = post(server, "/infill", body)
+        assert status == 200
+        assert reply["content"] == "return 1\n"
+        assert reply["stop_type"] == "limit"
     finally:
         server.close()
