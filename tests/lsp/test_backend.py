@@ -29,8 +29,8 @@ LINE, COL = 6, 5  # 1-based: the blank indented line inside main()
 
 
 @pytest.fixture(scope="module")
-def http_server():
-    s = HttpServer("--model", "tiny")
+def http_server(no_healing):
+    s = HttpServer("--model", "tiny", "--config", no_healing)  # /infill heals by default
     yield s
     s.close()
 
