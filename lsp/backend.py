@@ -118,17 +118,28 @@ class Backend:
         *,
         cancel: Callable[[], bool] | threading.Event | None = None,
         time_budget_s: float | None = None,
+        constraint: Any = None,
         **_: Any,  # drafter, corpus...: the server speculates on its own terms
     ) -> RemoteGeneration:
-        """Start a generation on the server; iterate for :class:`specd.Delta` objects."""
+        """Start a generation on the server; iterate for :class:`specd.Delta` objects.
+
+        :param constraint: token healing's cut text (``specd.healing.Constraint``). A
+            server cannot be held to it token by token, so the cut text goes back into the
+            prompt at the cursor, and the generation starts with it, as a healed one does
+            (the caller strips it the same way).
+        """
         params = params or SamplingParams()
         ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         if isinstance(cancel, threading.Event):
             cancel = cancel.is_set
         split = split_prompt(ids, self.vocab, self.tokenizer.decode)
+        healed = constraint.text if constraint is not None else ""
+        if healed:
+            ids = ids[: split.cursor] + self.tokenize(healed) + ids[split.cursor :]
+            split.prefix += healed
         body = self._body(ids, split, params)
         deadline = None if time_budget_s is None else time.monotonic() + time_budget_s
-        return RemoteGeneration(self, body, len(ids), split.stops, cancel, deadline)
+        return RemoteGeneration(self, body, len(ids), split.stops, cancel, deadline, healed)
 
     def _body(self, ids: list[int], split: SplitPrompt, params: SamplingParams) -> dict[str, Any]:
         stop = list(params.stop) + [s for s in split.stops if s not in params.stop]
@@ -189,12 +200,14 @@ class RemoteGeneration:
         stops: Sequence[str],
         cancel: Callable[[], bool] | None,
         deadline: float | None,
+        healed: str = "",
     ) -> None:
         self.backend = backend
         self.body = body
         self.stops = stops
         self.cancel = cancel
         self.deadline = deadline
+        self.healed = healed  # written first: the text token healing cut from the prompt
         self.stats = Stats(prompt_tokens=prompt_tokens, drafter="remote")
         self.completion: Completion | None = None
         self._steps = self._run()
@@ -240,7 +253,10 @@ class RemoteGeneration:
                         f"--backend {self.backend.url}: HTTP {response.status}: "
                         f"{_message(response.read())}"
                     )
-                received = ""  # text may end in the start of a stop string: held back
+                if self.healed:
+                    yield Delta(self.healed, [])
+                # text may end in the start of a stop string: held back until it cannot
+                received = ""
                 for event in _events(response):
                     piece, event_finish = self._read(event)
                     received += piece
@@ -276,7 +292,7 @@ class RemoteGeneration:
         stats.total_s = time.perf_counter() - t0
         if not stats.new_tokens:
             stats.new_tokens = len(ids)
-        self.completion = Completion(text=text, token_ids=ids, stats=stats)
+        self.completion = Completion(text=self.healed + text, token_ids=ids, stats=stats)
 
     def _read(self, event: dict[str, Any]) -> tuple[str, str]:
         """The text and finish reason of one event, counting what it reports."""

@@ -17,6 +17,8 @@ class SplitPrompt:
     suffix: str
     extra: list[tuple[str, str]]
     stops: tuple[str, ...]
+    #: where the cursor is in the ids: the end of the prefix
+    cursor: int
 
 
 def split_prompt(
@@ -33,16 +35,19 @@ def split_prompt(
         m = vocab.special(t.middle)
         if t.order == "sp":
             head, suffix, prefix = ids[:is_], ids[is_ + 1 : ip], ids[ip + 1 :]
+            cursor = len(ids)
         else:
             end = ids.index(m, is_) if m is not None and m in ids[is_:] else len(ids)
             head, prefix, suffix = ids[:ip], ids[ip + 1 : is_], ids[is_ + 1 : end]
+            cursor = is_
         return SplitPrompt(
             decode(prefix, skip_special_tokens=True),
             decode(suffix, skip_special_tokens=True),
             _documents(head, vocab.special(t.file_sep), decode),
             t.stop,
+            cursor,
         )
-    return SplitPrompt(decode(ids, skip_special_tokens=True), "", [], ())
+    return SplitPrompt(decode(ids, skip_special_tokens=True), "", [], (), len(ids))
 
 
 def _documents(

@@ -101,7 +101,11 @@ async def start(
     runner = web.AppRunner(create_app(service), handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
-    await site.start()
+    try:
+        await site.start()
+    except OSError as e:
+        await runner.cleanup()
+        raise BadInputError(f"--http {host}:{port}: cannot listen there: {e.strerror}") from None
     bound = runner.addresses[0]
     return runner, (str(bound[0]), int(bound[1]))
 

@@ -5,7 +5,10 @@ What those clients rely on, and what specd does about it:
 - ``input_prefix`` + ``prompt`` is the text before the cursor (llama.vim sends the lines
   above and the start of the cursor's line apart), ``input_suffix`` the text after it, and
   ``input_extra`` (``{text, filename, time}``) other files; the prompt is built by the same
-  module as the language server's, so the template and context layout are the same.
+  module as the language server's, so the template, the context layout and token healing
+  (the ``token-healing`` setting: a prompt ending mid-token, such as an indent, is backed
+  up to a token boundary and the cut text is generated again, then not returned) are the
+  same.
 - ``n_predict: 0`` only warms the cache: the prompt is computed into the prefix cache
   (one target step) and the answer has empty ``content``.
 - ``t_max_predict_ms`` ends generation only once a newline has been produced, as in
@@ -29,6 +32,7 @@ from typing import Any
 
 from aiohttp import web
 
+from ..prompting import Prompt
 from .runner import Job
 from .schema import InfillBody, decode
 from .service import SERVICE, HttpService
@@ -41,11 +45,11 @@ async def infill(request: web.Request) -> web.StreamResponse:
     """``POST /infill``."""
     svc: HttpService = request.app[SERVICE]
     body = decode(await request.read(), InfillBody)
-    job, truncated = _job(svc, body, client=svc.client_of(request))
+    job, prompt, truncated = _job(svc, body, client=svc.client_of(request))
     warm = body.n_predict == 0
     if not body.stream:
         text, _ = await svc.collect(job)
-        text = "" if warm else cut_indent(text, body.n_indent)
+        text = "" if warm else cut_indent(prompt.at_cursor(text), body.n_indent)
         return _reply(svc, _result(svc, job, text, truncated, warm), body.response_fields)
 
     # The response starts with the first event, so a full queue can still answer 503.
@@ -55,15 +59,16 @@ async def infill(request: web.Request) -> web.StreamResponse:
     async with contextlib.aclosing(stream):  # type: ignore[type-var]
         async for delta in stream:
             held += delta.text
-            if warm or "\n" not in held:
+            shown = prompt.at_cursor(held)  # without the text token healing writes again
+            if warm or "\n" not in shown:
                 continue
             # a line is final once it has ended: only then can n_indent no longer cut it
-            ready = cut_indent(held[: held.rindex("\n")], body.n_indent)[len(sent) :]
+            ready = cut_indent(shown[: shown.rindex("\n")], body.n_indent)[len(sent) :]
             if ready:
                 sent += ready
                 response = response or await svc.start_sse(request)
                 await svc.send_event(response, {"content": ready, "stop": False, "id_slot": 0})
-    final = "" if warm else cut_indent(held, body.n_indent)
+    final = "" if warm else cut_indent(prompt.at_cursor(held), body.n_indent)
     last = _result(svc, job, final, truncated, warm)
     last["content"] = final[len(sent) :]
     response = response or await svc.start_sse(request)
@@ -72,7 +77,7 @@ async def infill(request: web.Request) -> web.StreamResponse:
     return response
 
 
-def _job(svc: HttpService, body: InfillBody, *, client: str) -> tuple[Job, bool]:
+def _job(svc: HttpService, body: InfillBody, *, client: str) -> tuple[Job, Prompt, bool]:
     base = svc.params
     if body.n_predict == 0:
         max_tokens = 1
@@ -91,11 +96,18 @@ def _job(svc: HttpService, body: InfillBody, *, client: str) -> tuple[Job, bool]
         stop=tuple(body.stop) if body.stop else base.stop,
     )
     extra = [(c.filename, c.text) for c in body.input_extra]
-    prompt, truncated = svc.prompter.build(
-        body.input_prefix + body.prompt, body.input_suffix, extra=extra
-    )
-    stop = None if body.n_predict == 0 else _stop_rule(body.t_max_predict_ms, body.n_indent)
-    return Job(prompt.ids, params, client, stop_ids=prompt.stop_ids, should_stop=stop), truncated
+    before = body.input_prefix + body.prompt
+    prompt, truncated = svc.prompter.build(before, body.input_suffix, extra=extra, heal=True)
+    rule = None if body.n_predict == 0 else _stop_rule(body.t_max_predict_ms, body.n_indent)
+    stop = None
+    if rule is not None:
+
+        def stop(text: str) -> str:  # judged on what the client gets: not the healed text
+            return rule(prompt.at_cursor(text))
+
+    job = Job(prompt.ids, params, client, stop_ids=prompt.stop_ids, should_stop=stop)
+    job.constraint = prompt.constraint
+    return job, prompt, truncated
 
 
 def _stop_rule(t_max_predict_ms: int, n_indent: int) -> Callable[[str], str] | None:

@@ -20,6 +20,11 @@ class Prompter:
         self.settings = settings
         self.vocab = prompting.Vocabulary(engine.tokenize, engine.tokenizer)
         self.template = prompting.choose_template(self.vocab, settings.fim)
+        # token healing, as for LSP clients: a prompt ending mid-token (an indent's
+        # spaces, half a name) is backed up to a token boundary and the cut text written
+        # again first (llama.vim's ``prompt`` is the cursor line, often just its indent)
+        heal = getattr(engine, "heal", None)
+        self.heal = heal if settings.token_healing else None
 
     @property
     def fim(self) -> bool:
@@ -27,11 +32,19 @@ class Prompter:
         return self.template is not None
 
     def build(
-        self, before: str, after: str, *, path: str = "", extra: Sequence[tuple[str, str]] = ()
+        self,
+        before: str,
+        after: str,
+        *,
+        path: str = "",
+        extra: Sequence[tuple[str, str]] = (),
+        heal: bool = False,
     ) -> tuple[prompting.Prompt, bool]:
         """The prompt for completing between ``before`` and ``after``.
 
         :param extra: (path, text) of other files, most relevant first.
+        :param heal: heal the end of ``before`` (the answer must then go through
+            ``prompt.at_cursor``).
         :returns: the prompt, and whether ``before`` was cut to fit the budget.
         """
         s = self.settings
@@ -56,7 +69,13 @@ class Prompter:
                 others.append(prompting.ContextDocument(name or "context", ids))
         budget = prompting.Budget(s.prefix_tokens, s.suffix_tokens, s.context_tokens)
         prompt = prompting.build(
-            self.template, self.vocab, cursor, path=path, others=others, budget=budget
+            self.template,
+            self.vocab,
+            cursor,
+            path=path,
+            others=others,
+            budget=budget,
+            heal=self.heal if heal else None,
         )
         truncated = cursor.before_truncated or prompt.prefix_tokens >= s.prefix_tokens
         return prompt, truncated

@@ -17,6 +17,7 @@ from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from specd import Completion, Delta, Engine, SamplingParams
 
@@ -104,6 +105,8 @@ class Job:
     client: str = ""
     stop_ids: frozenset[int] = frozenset()
     should_stop: Callable[[str], str] | None = None
+    #: token healing's constraint (the engine writes the cut text again first)
+    constraint: Any = None
     #: set at the end: the engine's completion (its text, token ids and stats)
     completion: Completion | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
@@ -172,18 +175,23 @@ class Runner:
                 ours = job.should_stop(text)
             return bool(ours)
 
-        gen = self.engine.stream(job.prompt, job.params, cancel=cancel)
+        heal = {"constraint": job.constraint} if job.constraint is not None else {}
+        gen = self.engine.stream(job.prompt, job.params, cancel=cancel, **heal)
+        kept: list[int] = []
         for delta in gen:
             if ours:
                 continue  # drain: the engine ends before its next target step
-            piece, cut = _cut_at(delta, job.stop_ids, self.engine)
+            piece, ids, cut = _cut_at(delta, job.stop_ids, self.engine)
             if cut:
                 ours = "stop"
-            if piece or delta.token_ids:
+            if piece or ids:
                 text += piece
-                put(Delta(piece, delta.token_ids))
+                kept += ids
+                put(Delta(piece, ids))
         job.completion = gen.completion
         if job.completion is not None:
+            if ours == "stop":  # what the client got: nothing from the stop token on
+                job.completion.text, job.completion.token_ids = text, kept
             stats = job.completion.stats
             if ours and stats.finish_reason == "cancelled" and not job.cancel.is_set():
                 stats.finish_reason = ours
@@ -193,12 +201,13 @@ class Runner:
         self._thread.shutdown(wait=False, cancel_futures=True)
 
 
-def _cut_at(delta: Delta, stop_ids: frozenset[int], engine: Engine) -> tuple[str, bool]:
-    """The delta's text, cut before a template stop token."""
+def _cut_at(delta: Delta, stop_ids: frozenset[int], engine: Engine) -> tuple[str, list[int], bool]:
+    """The delta's text and tokens, cut before a template stop token, and whether it was."""
     for i, t in enumerate(delta.token_ids):
         if t in stop_ids:
-            return engine.tokenizer.decode(delta.token_ids[:i], skip_special_tokens=True), True
-    return delta.text, False
+            ids = delta.token_ids[:i]
+            return engine.tokenizer.decode(ids, skip_special_tokens=True), ids, True
+    return delta.text, delta.token_ids, False
 
 
 async def collect(stream: AsyncIterator[Delta]) -> tuple[str, list[int]]:

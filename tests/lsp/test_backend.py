@@ -29,8 +29,8 @@ LINE, COL = 6, 5  # 1-based: the blank indented line inside main()
 
 
 @pytest.fixture(scope="module")
-def http_server():
-    s = HttpServer("--model", "tiny")
+def http_server(no_healing):
+    s = HttpServer("--model", "tiny", "--config", no_healing)  # /infill heals by default
     yield s
     s.close()
 
@@ -42,10 +42,19 @@ def source(tmp_path_factory):
     return path
 
 
-def _complete(source, *extra: str) -> dict:
+@pytest.fixture(scope="module")
+def no_healing(tmp_path_factory):
+    """Settings without token healing, which a remote cannot do: only then is the prompt
+    the same on both sides, and the completions comparable."""
+    path = tmp_path_factory.mktemp("cfg") / "lsp.toml"
+    path.write_text("token-healing = false\n")
+    return str(path)
+
+
+def _complete(source, config, *extra: str) -> dict:
     out = subprocess.run(
         [*SPECD, "complete", str(source), "--line", str(LINE), "--col", str(COL)]
-        + ["--model", "tiny", "--json", *extra],
+        + ["--model", "tiny", "--json", "--config", config, *extra],
         capture_output=True,
         text=True,
         env=ENV,
@@ -56,16 +65,15 @@ def _complete(source, *extra: str) -> dict:
 
 
 @pytest.mark.parametrize("path", ["/v1", "/infill"])
-def test_complete_through_a_backend_equals_the_local_completion(http_server, source, path):
+def test_complete_through_a_backend_equals_the_local_completion(
+    http_server, source, no_healing, path
+):
     """Guards against the backend sending a different prompt than the local pipeline
     builds (control tokens dropped, the prompt cut up wrongly for /infill) or skipping
     post-processing."""
-    # a backend cannot constrain tokens, so it does not heal: compare with the same locally
-    no_healing = source.parent / "no-healing.toml"
-    no_healing.write_text("token-healing = false\n")
-    local = _complete(source, "--config", str(no_healing))
+    local = _complete(source, no_healing)
     url = f"http://127.0.0.1:{http_server.port}{path}"
-    remote = _complete(source, "--backend", url)
+    remote = _complete(source, no_healing, "--backend", url)
     assert remote["text"] == local["text"]
     assert remote["raw_text"] == local["raw_text"]
     assert remote["stats"]["drafter"] == "remote"
@@ -119,21 +127,28 @@ def _open(client: RawClient, uri: str) -> None:
 
 
 def test_language_server_with_a_backend_answers_inline_completions(http_server):
-    """``specd serve --stdio --backend URL`` gives the ghost text the local server gives."""
+    """``specd serve --stdio --backend URL`` answers as the local server does: the same
+    inline items, and underneath the same generated text (post-processing may turn the
+    tiny model's random characters into no item at all, on both sides alike)."""
     uri = "file:///w/main.py"
     answers = []
     for extra in ((), ("--backend", f"http://127.0.0.1:{http_server.port}/v1")):
         client = RawClient(*extra)
         try:
-            client.initialize({"token-healing": False})  # a backend does not heal
+            client.initialize({"token-healing": False})
             _open(client, uri)
             reply = client.response(_inline(client, uri), timeout=120)
-            items = reply["result"]["items"]
-            answers.append([(i["insertText"], i["range"]) for i in items])
+            items = [(i["insertText"], i["range"]) for i in reply["result"]["items"]]
+            position = {"line": LINE - 1, "character": COL - 1}
+            whole = client.call(
+                "specd/complete", {"textDocument": {"uri": uri}, "position": position}
+            )
+            answers.append((items, whole["result"]["raw_text"], whole["result"]["text"]))
         finally:
             client.close()
     local, remote = answers
-    assert remote and remote == local
+    assert local[1], "the local server generated nothing to compare with"
+    assert remote == local
 
 
 @pytest.fixture
@@ -359,5 +374,29 @@ def test_infill_backend_sends_the_pieces_llama_cpp_asks_for():
         assert sent["n_predict"] == 16 and sent["stream"] is True
         s = gen.completion.stats
         assert (s.prompt_tokens, s.new_tokens, s.reused_tokens) == (9, 5, 7)
+    finally:
+        stub.close()
+
+
+def test_token_healing_cut_goes_back_into_the_prompt_and_starts_the_text():
+    """Guards against a healed prompt sent without its cut text (the server would
+    complete from the wrong place) or an answer the pipeline cannot strip the cut text
+    from (it expects the generation to write it first)."""
+    from specd.healing import Constraint
+
+    tok = _Tok(STARCODER)
+    stub = _Stub(["(x)"])
+    try:
+        prompt = _fim_prompt(tok)
+        cut = prompt.ids.index(1_000_001) - 2  # heal away "et" of "ret"
+        ids = prompt.ids[:cut] + prompt.ids[cut + 2 :]
+        for path in ("/v1", "/infill"):
+            backend = Backend(f"http://127.0.0.1:{stub.port}{path}", tok, tok.encode)
+            gen = backend.stream(ids, SamplingParams(max_tokens=8), constraint=Constraint("et"))
+            assert [d.text for d in gen][:2] == ["et", "(x)"]
+            assert gen.completion.text == "et(x)"
+        to_openai, to_infill = stub.bodies
+        assert "    ret<fim_suffix>" in to_openai["prompt"]
+        assert to_infill["input_prefix"] == "def f():\n    ret"
     finally:
         stub.close()

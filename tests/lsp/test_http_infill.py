@@ -1,4 +1,5 @@
-"""The llama.cpp ``/infill`` rules that llama.vim depends on, without a server."""
+"""The llama.cpp ``/infill`` rules that llama.vim depends on, and the template stop tokens,
+checked without a model (the rules alone, or a server over a scripted engine)."""
 
 from __future__ import annotations
 
@@ -61,6 +62,7 @@ class _Scripted:
         self.tokenizer = SimpleNamespace(decode=lambda ids, **kw: "")
         self.target = SimpleNamespace(name="scripted", vocab_size=1000)
         self.steps = 0
+        self.step_s = 0.0
 
     def tokenize(self, text):
         return [ord(c) % 1000 for c in text]
@@ -80,8 +82,9 @@ class _Scripted:
                         stats.finish_reason = "cancelled"
                         break
                     engine.steps += 1
+                    time.sleep(engine.step_s)
                     stats.new_tokens = i + 1
-                    yield Delta(piece, [i])
+                    yield piece if isinstance(piece, Delta) else Delta(piece, [i])
                 else:
                     stats.finish_reason = "length"
                 self.completion = Completion("", list(range(stats.new_tokens)), stats)
@@ -115,5 +118,72 @@ def test_streamed_infill_holds_back_lines_n_indent_may_still_cut():
         assert "".join(streamed) == whole["content"]
         assert all("def g" not in piece for piece in streamed)
         assert len(data) > 2  # finished lines went out before the end
+    finally:
+        server.close()
+
+
+class _FimTokenizer:
+    """Characters are their code points; control tokens from 1_000_000."""
+
+    specials = {"<fim_prefix>": 1_000_000, "<fim_suffix>": 1_000_001, "<fim_middle>": 1_000_002}
+    specials |= {"<file_sep>": 1_000_003, "<|endoftext|>": 1_000_004}
+    bos_token_id = None
+
+    def get_vocab(self):
+        return dict(self.specials)
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(i) for i in ids if i < 1_000_000)
+
+
+def test_completion_stops_at_a_template_stop_token():
+    """Guards against a fill-in-the-middle prompt sent as a plain prompt (what ``--backend``
+    does) running past ``<file_sep>`` into another file, and against token ids that
+    still hold the stop token."""
+    from http_testing import InProcessServer, post
+    from specd.lsp.http import HttpService
+
+    from specd import Delta, SamplingParams
+
+    engine = _Scripted()
+    engine.tokenizer = _FimTokenizer()
+    engine.target.vocab_size = 2_000_000
+    sep = _FimTokenizer.specials["<file_sep>"]
+    engine.PIECES = ["ab", "c", Delta("", [sep, 7]), "d"]
+    server = InProcessServer(HttpService(engine, SamplingParams(max_tokens=64)))
+    try:
+        fim = [1_000_000, ord("x"), 1_000_001, ord("y"), 1_000_002]
+        status, reply = post(server, "/v1/completions", {"prompt": fim})
+        assert status == 200
+        assert reply["choices"][0]["text"] == "abc"
+        assert reply["choices"][0]["finish_reason"] == "stop"
+        assert reply["specd"]["token_ids"] == [0, 1]
+        assert engine.steps == 3  # it stopped before the step after the stop token
+    finally:
+        server.close()
+
+
+def test_healed_text_does_not_count_as_the_first_newline():
+    """Guards against judging ``t_max_predict_ms`` on the raw text: when token healing
+    backs up over a newline and its indent (the cursor line is just its indent, as
+    llama.vim sends it), the healed text's newline would end the generation at its first
+    step, and the answer would be empty."""
+    from http_testing import InProcessServer, post
+    from specd.lsp.http import HttpService
+
+    from specd import SamplingParams
+    from specd.healing import Constraint
+
+    engine = _Scripted()
+    engine.heal = lambda ids: (ids[:-5], Constraint("\n    "))
+    engine.PIECES = ["\n    ", "return 1", "\n", "    x = 2"]
+    engine.step_s = 0.02
+    server = InProcessServer(HttpService(engine, SamplingParams(max_tokens=64)))
+    try:
+        body = {"input_prefix": "def f():", "prompt": "\n    ", "t_max_predict_ms": 1}
+        status, reply = post(server, "/infill", body)
+        assert status == 200
+        assert reply["content"] == "return 1\n"
+        assert reply["stop_type"] == "limit"
     finally:
         server.close()

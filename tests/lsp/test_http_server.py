@@ -185,3 +185,17 @@ def test_streamed_infill_is_the_same_content_in_llama_cpp_events(server):
     assert all(not d["stop"] for d in data[:-1]) and data[-1]["stop"] is True
     assert "".join(d["content"] for d in data) == whole["content"]
     assert data[-1]["tokens_predicted"] == whole["tokens_predicted"]
+
+
+def test_a_port_in_use_is_a_clear_error(server):
+    """Guards against a traceback where a message naming the address belongs."""
+    out = subprocess.run(
+        [*SPECD, "serve", "--http", f"127.0.0.1:{server.port}", "--model", "tiny"],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=300,
+    )
+    assert out.returncode == 2
+    assert f"--http 127.0.0.1:{server.port}: " in out.stderr
+    assert "Traceback" not in out.stderr
