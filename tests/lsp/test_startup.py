@@ -42,8 +42,9 @@ def test_a_busy_port_is_one_line_and_exit_2_before_the_model_loads(busy_port, tm
 def test_a_session_is_served_before_the_model_is_loaded_and_requests_wait_for_it():
     """Guards against a session that needs the engine to start (a server built on
     ``service.engine.tokenize`` blocks until the load ends, so ``initialize`` waits for
-    the model) and against a request made before the model is there failing instead of
-    waiting for it. The model is attached by another thread, as the loader does, only once
+    the model), against ``didOpen`` holding the event loop until the model is there (it
+    measured the document with the engine's tokenizer), and against a request made
+    before the model is there failing instead of waiting for it. The model is attached by another thread, as the loader does, only once
     the session has answered ``initialize``."""
     service = Service(None)
     outcome: dict[str, object] = {}
@@ -57,6 +58,7 @@ def test_a_session_is_served_before_the_model_is_loaded_and_requests_wait_for_it
         outcome["initialized_before_the_model"] = not service.ready
         threading.Timer(0.5, load).start()
         ls.open(types.TextDocumentItem("file:///w/a.py", "python", 1, "def f(x):\n    return "))
+        outcome["opened_before_the_model"] = not service.ready
         request = ls.request("file:///w/a.py", types.Position(1, 11))
         outcome["result"] = await asyncio.wait_for(ls.complete(request), 120)
 
@@ -66,6 +68,7 @@ def test_a_session_is_served_before_the_model_is_loaded_and_requests_wait_for_it
         runner.join(90)
         assert not runner.is_alive(), "the session blocked on the engine"
         assert outcome["initialized_before_the_model"] is True
+        assert outcome["opened_before_the_model"] is True  # didOpen left the loop free
         result = outcome["result"]
         assert isinstance(result, CompletionResult) and result.stats is not None
         assert result.stats.new_tokens > 0
