@@ -1,11 +1,20 @@
 """The specd language server: ghost-text and completion items from a local model.
 
-``specd serve --stdio`` runs it for an editor; see docs/editors.md. Modules: ``server``
-(LSP handlers), ``service`` (what every session shares), ``rpc`` (message checking),
-``daemon`` (stdio and TCP), ``documents``, ``prompting``, ``postprocess``, ``workspace``,
-``completer`` (the pipeline), ``scheduler`` (the generation worker), ``config``,
-``metrics``, ``convert``, ``client``, ``commands`` (its subcommands, added to ``specd``
-through the ``specd_register_commands`` hook).
+``specd serve --stdio`` runs it for an editor; see docs/editors.md. Modules:
+
+- protocol: ``server`` (LSP handlers), ``answers`` (results as LSP answers), ``convert``
+  (LSP types), ``rpc`` (message checking), ``daemon`` (stdio and TCP), ``client`` (the
+  CLI's client of a daemon);
+- what a session holds: ``documents``, ``workspace`` (the drafting index), ``warmup``
+  (warm-ups, prefetches and the debounce around requests), ``cache`` (the completion
+  cache), ``debounce``;
+- the completion pipeline: ``completer``, ``prompting``, ``postprocess``, ``syntax``;
+- what every session shares: ``service`` (the engine, loaded behind ``initialize``, and the
+  generation worker), ``scheduler`` (that worker), ``config``, ``metrics``;
+- other ways to generate: ``http`` (``serve --http``), ``backend`` and ``backend_prompt``
+  (``--backend``, a remote serving engine);
+- commands: ``commands`` (``serve``, ``complete`` and ``stats``, added to ``specd``
+  through the ``specd_register_commands`` hook) and ``serve``.
 
 It uses only specd's public API: the names ``specd`` exports, and ``specd.options`` (the
 options and the engine builder every subcommand shares).

@@ -36,7 +36,7 @@ def specd_register_commands(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "serve",
         help="run the language server (editors: --stdio; a shared local daemon: --tcp)",
-        description="Run the specd language server. The model loads once and is warmed up before the first request.",
+        description="Run the specd language server. Over --stdio and --tcp it answers initialize at once and loads the model behind it (requests wait for it); --http loads the model first.",
     )
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument(

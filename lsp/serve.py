@@ -47,7 +47,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         cache["prefix_cache_bytes"] = args.cache_mib * 2**20
     if args.http and args.backend:
         raise BadInputError("--backend: use it with --stdio or --tcp; --http serves a local model")
-    if args.http and address is not None:
+    if args.http and address is not None:  # (--http always has one: parsed above)
         try:  # a busy port is a one-line error before the model loads
             listen(*address).close()
         except BadInputError as e:

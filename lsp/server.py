@@ -67,7 +67,7 @@ class SpecdServer(Answers, LanguageServer):
         self.index = self._new_workspace()
         self.ended = False
         self._on_end = on_end
-        self._chars_per_token: dict[str, float] = {}  # uri -> measured at open
+        self._chars_per_token: dict[str, float] = {}  # uri -> measured at open (or first use)
         self.background = Background(
             service.worker,
             service.completer,
@@ -138,8 +138,8 @@ class SpecdServer(Answers, LanguageServer):
     def open(self, item: types.TextDocumentItem) -> None:
         doc = self.documents.open(item.uri, item.text, item.version, item.language_id)
         self.index.changed(doc)
-        if self.service.ready:  # before the model loads, the default ratio serves
-            self._chars_per_token[doc.uri] = chars_per_token(item.text, self.service.tokenize)
+        if self.service.ready:  # else measured at its first request: the loop never waits
+            self._chars_per_token[doc.uri] = chars_per_token(doc.text, self.service.tokenize)
         self.background.opened(doc.uri, self.settings)
 
     def change(self, params: types.DidChangeTextDocumentParams) -> None:
@@ -200,7 +200,13 @@ class SpecdServer(Answers, LanguageServer):
         s = self.settings
         if pos is None:
             pos = doc.resolve(len(doc.lines) - 1, 1 << 30)
-        ratio = self._chars_per_token.get(uri, prompting.CHARS_PER_TOKEN)
+        ratio = self._chars_per_token.get(uri)
+        if ratio is None:
+            ratio = prompting.CHARS_PER_TOKEN
+            if self.service.ready:
+                ratio = self._chars_per_token[uri] = chars_per_token(
+                    doc.text, self.service.tokenize
+                )
         cursor = cursor_at(doc, pos, s, ratio)
         others = sorted(self.documents.others(uri), key=lambda d: d.language_id != doc.language_id)
         return CompletionRequest(

@@ -8,8 +8,8 @@
 For each configuration, the block under its heading in docs/editors.md is copied verbatim
 into an init file; the editor starts headless with it on a small Python file, and a check
 script (nvim_check.lua, eglot_check.el, next to this file) waits for the specd client to
-attach, types one character at the end of the file, and asks for a completion item and an
-inline completion. One JSON line per editor is printed; the exit status is 0 when every
+attach, types ``(`` at the end of the file, and asks for a completion item and an inline
+completion. One JSON line per editor is printed; the exit status is 0 when every
 editor run attached and got both completions back, 1 otherwise.
 
 The blocks start ``specd``: the directory of this Python's ``specd`` command goes first on
@@ -33,7 +33,11 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 DOC = HERE.parent.parent / "docs" / "editors.md"
-SAMPLE = "def fibonacci(n):\n    if n < 2:\n        return n\n    return fib\n"
+# The check types "(" at the end: a completion there starts no word of its own, so even
+# the tiny model's random characters are a suggestion the post-processing keeps.
+SAMPLE = (
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci"
+)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@
 ;;
 ;; Opens FILE.py (so the init file's python-mode-hook runs), runs the hooks a command loop
 ;; would run (batch mode has none, and eglot-ensure waits for it), waits for eglot to
-;; connect, types one character at the end of the file, asks completion-at-point and
+;; connect, types "(" at the end of the file, asks completion-at-point and
 ;; textDocument/inlineCompletion there, and prints one JSON line:
 ;;   {"emacs": VERSION, "attached": BOOL, "completion": TEXT, "inline": TEXT}
 (require 'json)
@@ -32,7 +32,7 @@
   (specd-check-put "attached" (if server t :json-false))
   (unless server (specd-check-finish))
   (goto-char (point-max))
-  (insert "r")
+  (insert "(")
   (eglot--signal-textDocument/didChange)
   (let* ((capf (eglot-completion-at-point))
          (cands (and capf (all-completions "" (nth 2 capf)))))

@@ -2,7 +2,7 @@
 --
 --   nvim --headless -u init.lua -c "luafile scripts/editors/nvim_check.lua" FILE
 --
--- Waits for a client named "specd" to attach to FILE's buffer, types one character at the
+-- Waits for a client named "specd" to attach to FILE's buffer, types "(" at the
 -- end of the file (an incremental didChange), asks for textDocument/completion and
 -- textDocument/inlineCompletion there, and prints one JSON line:
 --   {"nvim": VERSION, "init_error": MESSAGE, "attached": BOOL, "inline": TEXT,
@@ -35,7 +35,7 @@ out.inline_provider = client.server_capabilities.inlineCompletionProvider ~= nil
 
 local last = vim.api.nvim_buf_line_count(0)
 local width = #vim.api.nvim_buf_get_lines(0, last - 1, last, false)[1]
-vim.api.nvim_buf_set_text(0, last - 1, width, last - 1, width, { "r" })
+vim.api.nvim_buf_set_text(0, last - 1, width, last - 1, width, { "(" })
 local params = {
   textDocument = { uri = vim.uri_from_bufnr(0) },
   position = { line = last - 1, character = width + 1 },

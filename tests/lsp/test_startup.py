@@ -41,29 +41,34 @@ def test_a_busy_port_is_one_line_and_exit_2_before_the_model_loads(busy_port, tm
 
 def test_a_session_is_served_before_the_model_is_loaded_and_requests_wait_for_it():
     """Guards against a session that needs the engine to start (a server built on
-    ``service.engine`` blocks until the load ends, so ``initialize`` waits for the model)
-    and against a request that runs before the engine is there instead of waiting."""
+    ``service.engine.tokenize`` blocks until the load ends, so ``initialize`` waits for
+    the model), against ``didOpen`` holding the event loop until the model is there (it
+    measured the document with the engine's tokenizer), and against a request made
+    before the model is there failing instead of waiting for it. The model is attached by another thread, as the loader does, only once
+    the session has answered ``initialize``."""
     service = Service(None)
     outcome: dict[str, object] = {}
+
+    def load() -> None:
+        service.attach(Engine(tiny_target()))
 
     async def scenario() -> None:
         ls = SpecdServer(service)
         ls.start(types.InitializeParams(capabilities=types.ClientCapabilities()))
+        outcome["initialized_before_the_model"] = not service.ready
+        threading.Timer(0.5, load).start()
         ls.open(types.TextDocumentItem("file:///w/a.py", "python", 1, "def f(x):\n    return "))
-        task = asyncio.ensure_future(
-            ls.complete(ls.request("file:///w/a.py", types.Position(1, 11)))
-        )
-        await asyncio.sleep(0.3)
-        outcome["waited"] = not task.done()
-        service.attach(Engine(tiny_target()))
-        outcome["result"] = await asyncio.wait_for(task, 120)
+        outcome["opened_before_the_model"] = not service.ready
+        request = ls.request("file:///w/a.py", types.Position(1, 11))
+        outcome["result"] = await asyncio.wait_for(ls.complete(request), 120)
 
     runner = threading.Thread(target=lambda: asyncio.run(scenario()), daemon=True)
     try:
         runner.start()
         runner.join(90)
         assert not runner.is_alive(), "the session blocked on the engine"
-        assert outcome["waited"] is True
+        assert outcome["initialized_before_the_model"] is True
+        assert outcome["opened_before_the_model"] is True  # didOpen left the loop free
         result = outcome["result"]
         assert isinstance(result, CompletionResult) and result.stats is not None
         assert result.stats.new_tokens > 0
