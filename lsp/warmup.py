@@ -65,6 +65,7 @@ class Background:
         self.rhythm = Rhythm()
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._warmed_line: dict[str, int] = {}
+        self._cursor: dict[str, Position] = {}  # where the last edit left the cursor
 
     # -- document events ---------------------------------------------------------------------
 
@@ -79,6 +80,7 @@ class Background:
         self.rhythm.edited(uri)
         if pos is None:
             return
+        self._cursor[uri] = pos
         if settings.completion_cache:
             req = self.request_at(uri, pos)
             hit = self.cache.lookup(uri, req.cursor) if req is not None else None
@@ -100,6 +102,7 @@ class Background:
         self.cache.forget(uri)
         self.rhythm.forget(uri)
         self._warmed_line.pop(uri, None)
+        self._cursor.pop(uri, None)
         for kind in ("warm", "prefetch"):
             self.worker.cancel_key(f"{self.key}{kind}:{uri}", "changed")
 
@@ -181,21 +184,21 @@ class Background:
         self._timers.pop(uri, None)
         if self.version_of(uri) != version:
             return  # edited since: a newer warm-up is scheduled
-        req = self.request_at(uri, pos)
-        if req is None:
-            return
-        self._warmed_line[uri] = req.cursor.line
+        self._warmed_line[uri] = pos.line if pos is not None else 1 << 30
 
         def run(job: Job) -> tuple[int, int]:
-            if self.version_of(uri) != version:
-                return 0, 0  # edited while it waited: a request or a newer warm-up knows better
+            # The prompt is built when the job runs, at the cursor of the latest edit: the
+            # user may have typed on while the worker was busy.
+            req = self.request_at(uri, self._cursor.get(uri, pos))
+            if req is None:
+                return 0, 0
+            req.cancel = job.cancel_event
             return self.completer.warm(req)
 
         job = Job(
             key=f"{self.key}warm:{uri}",
             run=run,
             done=self._done("warmups"),
-            cancel_event=req.cancel,
             background=True,
         )
         self.worker.submit(job)
