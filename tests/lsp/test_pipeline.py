@@ -9,6 +9,7 @@ random model.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable, Generator
@@ -18,7 +19,7 @@ from specd.lsp.cache import CompletionCache
 from specd.lsp.completer import Completer, CompletionRequest, CompletionResult
 from specd.lsp.config import Settings
 from specd.lsp.debounce import BURST_GAP_S, MAX_DELAY_S, Rhythm
-from specd.lsp.documents import Document
+from specd.lsp.documents import Document, Position
 from specd.lsp.metrics import Metrics
 from specd.lsp.scheduler import Job, Worker
 from specd.lsp.warmup import Background
@@ -289,3 +290,52 @@ def test_a_prefetch_superseded_before_it_ran_releases_its_cache_entry():
         assert second.entry is not None and second.entry.raw == "".join(BODY)
     finally:
         worker.stop()
+
+
+def test_a_warm_up_that_waited_warms_the_prompt_at_the_latest_edit():
+    """Guards against a warm-up queued behind a busy worker being skipped (or warming the
+    cursor it was scheduled for) because the user typed on meanwhile: in a typing session
+    the worker is busy whenever the user types, so no warm-up would ever run."""
+    doc = Document("file:///w/a.py", "x = 1\n" * 40)
+    versions = {doc.uri: 1}
+    warmed: list[int] = []
+
+    class Recorder:
+        def warm(self, req: CompletionRequest) -> tuple[int, int]:
+            warmed.append(req.cursor.line)
+            return 0, 10
+
+    def request_at(uri: str, pos: Position | None) -> CompletionRequest:
+        cursor = doc.cursor(pos or doc.resolve(39, 0), before_chars=4000, after_chars=400)
+        return CompletionRequest(cursor, "a.py", Settings(), uri=uri)
+
+    async def session() -> None:
+        worker = Worker()
+        gate = threading.Event()
+        bg = Background(
+            worker,
+            Recorder(),  # type: ignore[arg-type]
+            Metrics(),
+            key="1:",
+            request_at=request_at,
+            version_of=versions.get,
+        )
+        bg.rhythm.pause_s = lambda: 60.0  # type: ignore[method-assign]  # no pause in this test
+        settings = Settings(completion_cache=False)
+        try:
+            worker.submit(Job("1:gate", lambda job: gate.wait(10), lambda r, e, j: None))
+            bg.edited(doc.uri, Position(5, 0), settings)  # far from anything warmed: at once
+            await asyncio.sleep(0.05)
+            versions[doc.uri] = 2
+            bg.edited(doc.uri, Position(6, 3), settings)  # typed on while the worker was busy
+            gate.set()
+            for _ in range(500):
+                if warmed:
+                    break
+                await asyncio.sleep(0.01)
+        finally:
+            bg.stop()
+            worker.stop()
+
+    asyncio.run(session())
+    assert warmed == [6]
