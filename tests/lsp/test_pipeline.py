@@ -16,7 +16,13 @@ from collections.abc import Callable, Generator
 
 import pytest
 from specd.lsp.cache import CompletionCache
-from specd.lsp.completer import Completer, CompletionRequest, CompletionResult
+from specd.lsp.completer import (
+    Completer,
+    CompletionRequest,
+    CompletionResult,
+    chars_per_token,
+    cursor_at,
+)
 from specd.lsp.config import Settings
 from specd.lsp.debounce import BURST_GAP_S, MAX_DELAY_S, Rhythm
 from specd.lsp.documents import Document, Position
@@ -339,3 +345,25 @@ def test_a_warm_up_that_waited_warms_the_prompt_at_the_latest_edit():
 
     asyncio.run(session())
     assert warmed == [6]
+
+
+# -- the prompt's layout --------------------------------------------------------------------------
+
+
+def test_keystrokes_on_a_long_file_keep_the_prompt_start(engine):
+    """Guards against a window before the cursor sized in characters that holds more
+    tokens than the prefix budget: the budget then cuts the front by tokens, the cut moves
+    as the user types, and every so many keystrokes the whole cached prompt is lost."""
+    completer = Completer(engine)
+    doc = Document("file:///w/a.py", "".join(f"value_{i} = compute({i})\n" for i in range(400)))
+    settings = Settings(prefix_tokens=256, context_tokens=0)
+    ratio = chars_per_token(doc.text, engine.tokenize)
+    previous: list[int] = []
+    for k in range(100):  # typing a long line
+        at = doc.resolve(300, 10**6)
+        doc.apply_change("x", at, at)
+        cursor = cursor_at(doc, doc.resolve(300, 10**6), settings, ratio)
+        ids = completer.build_prompt(CompletionRequest(cursor, "a.py", settings)).ids
+        kept = next((i for i, (a, b) in enumerate(zip(previous, ids)) if a != b), len(previous))
+        assert kept >= len(previous) - 2, f"keystroke {k} kept {kept} of {len(previous)} tokens"
+        previous = ids
