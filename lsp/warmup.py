@@ -18,7 +18,7 @@ background jobs, which any request preempts.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import postprocess
@@ -26,7 +26,7 @@ from .cache import CompletionCache
 from .completer import Completer, CompletionRequest, CompletionResult
 from .config import Settings
 from .debounce import Rhythm
-from .documents import Position
+from .documents import Document, Position
 from .metrics import Metrics
 from .scheduler import Job, Worker
 
@@ -220,6 +220,19 @@ class Background:
                 self.metrics.count("background_stopped")
 
         return done
+
+
+def cursor_after(doc: Document, changes: Sequence[Any], encoding: str) -> Position | None:
+    """Where the last ranged edit left the cursor: the end of its inserted text."""
+    change = changes[-1] if changes else None
+    rng = getattr(change, "range", None)
+    if change is None or rng is None:
+        return None
+    start = doc.resolve(rng.start.line, rng.start.character, encoding)
+    text = change.text.replace("\r\n", "\n").replace("\r", "\n")
+    if "\n" not in text:
+        return Position(start.line, start.column + len(text))
+    return Position(start.line + text.count("\n"), len(text.rsplit("\n", 1)[1]))
 
 
 def _ignore(result: CompletionResult) -> None:

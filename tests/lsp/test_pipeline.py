@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Generator
 
 import pytest
+from lsprotocol import types
 from specd.lsp.cache import CompletionCache
 from specd.lsp.completer import (
     Completer,
@@ -28,6 +29,8 @@ from specd.lsp.debounce import BURST_GAP_S, MAX_DELAY_S, Rhythm
 from specd.lsp.documents import Document, Position
 from specd.lsp.metrics import Metrics
 from specd.lsp.scheduler import Job, Worker
+from specd.lsp.server import SpecdServer
+from specd.lsp.service import Service
 from specd.lsp.warmup import Background
 
 from specd import Completion, Delta, Engine, Generation, SamplingParams, Stats
@@ -367,3 +370,25 @@ def test_keystrokes_on_a_long_file_keep_the_prompt_start(engine):
         kept = next((i for i, (a, b) in enumerate(zip(previous, ids)) if a != b), len(previous))
         assert kept >= len(previous) - 2, f"keystroke {k} kept {kept} of {len(previous)} tokens"
         previous = ids
+
+
+def test_opening_and_editing_before_the_model_loads_does_not_wait_for_it():
+    """Guards against measuring a document's characters per token (or anything else that
+    needs the tokenizer) on the event loop while the model is still loading: didOpen would
+    block every message behind it until the load ends."""
+    service = Service(None)
+    ls = SpecdServer(service)
+    uri = "file:///w/a.py"
+
+    def session() -> None:
+        ls.open(types.TextDocumentItem(uri, "python", 1, "x = 1\n" * 50))
+        ls.request(uri, types.Position(3, 2))
+
+    worker = threading.Thread(target=session, daemon=True)
+    try:
+        worker.start()
+        worker.join(30)
+        assert not worker.is_alive(), "didOpen waited for the model"
+    finally:
+        service.load_failed(RuntimeError("not loaded in this test"))
+        service.close()
