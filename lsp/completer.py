@@ -73,9 +73,10 @@ class CompletionRequest:
     :param on_lines: called on the worker thread with the post-processed text each time
         it gains a finished line (for partial results).
     :param on_answer: called on the worker thread, once, with the answer as soon as its
-        first line is complete; the generation then goes on until ``max_tokens``, a line
-        cap or a cancel, only to fill ``entry`` (None: the generation ends at the answer).
-    :param entry: the completion-cache entry that receives what the model writes.
+        first line is complete (None: the answer is the return value, at the end).
+    :param entry: the completion-cache entry that receives what the model writes; with
+        one, the generation goes on past the answer until ``max_tokens``, a line cap or a
+        cancel, to fill it.
     :param version: the document's version when the request was made.
     """
 
@@ -163,7 +164,7 @@ class Completer:
         halt = threading.Event()
         deadline = time.monotonic() + s.time_budget_ms / 1000
         early = req.on_answer is not None  # answer at the first line
-        background = early and req.entry is not None  # then go on filling the cache
+        background = req.entry is not None  # past the answer, go on filling the cache
         answer: CompletionResult | None = None
 
         def stop() -> bool:

@@ -153,7 +153,6 @@ class Background:
     def prefetch(self, req: CompletionRequest) -> None:
         """Generate the completion at ``req``'s cursor into the cache, in the background."""
         req.entry = self.cache.start(req.uri, req.cursor)
-        req.on_answer = _ignore
         self._warmed_line[req.uri] = req.cursor.line
         job = Job(
             key=f"{self.key}prefetch:{req.uri}",
@@ -233,7 +232,3 @@ def cursor_after(doc: Document, changes: Sequence[Any], encoding: str) -> Positi
     if "\n" not in text:
         return Position(start.line, start.column + len(text))
     return Position(start.line + text.count("\n"), len(text.rsplit("\n", 1)[1]))
-
-
-def _ignore(result: CompletionResult) -> None:
-    """``on_answer`` for a prefetch: nobody waits for it; the cache gets its text."""
