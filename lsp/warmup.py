@@ -1,9 +1,10 @@
 """One session's work around its requests: the completion cache, warm-ups, prefetches and
 the debounce (docs/editors.md, "How suggestions are produced").
 
-- **Warm-up**: when a document opens, when an edit lands far from the last one, and when
-  edits pause, the prompt the next request will need is prefilled in the background
-  (``Completer.warm``), so the request computes only the few tokens typed since.
+- **Warm-up**: when a document opens, when an edit lands far from the last one, and while
+  the user types (at most once per pause interval of their rhythm), the prompt the next
+  request will need is prefilled in the background (``Completer.warm``), so the request
+  computes only the few tokens typed since.
 - **Completion cache**: a request whose typed text follows what the model already wrote is
   answered from it (:mod:`.cache`), waiting if needed for the generation still writing it.
 - **Prefetch**: once the user has typed a cached suggestion through, the completion at the
@@ -30,7 +31,7 @@ from .documents import Document, Position
 from .metrics import Metrics
 from .scheduler import Job, Worker
 
-#: an edit this many lines from the last warmed position is warmed at once, not at a pause
+#: an edit this many lines from the last warmed position is warmed at once
 FAR_LINES = 24
 #: how often a request waiting for a running generation looks at it again
 POLL_S = 0.01
@@ -73,7 +74,8 @@ class Background:
         """A document opened: warm the prompt at its end (the whole file, for a file that
         fits the prompt window)."""
         if settings.warm_up:
-            self._schedule(uri, None, 0.0)
+            self._cursor.pop(uri, None)
+            self._schedule(uri, 0.0)
 
     def edited(self, uri: str, pos: Position | None, settings: Settings) -> None:
         """A document changed; ``pos`` is where the edit left the cursor, if known."""
@@ -93,7 +95,10 @@ class Background:
                 self.worker.cancel_key(self.request_key(uri), "changed")
         if settings.warm_up:
             far = abs(pos.line - self._warmed_line.get(uri, -FAR_LINES - 1)) > FAR_LINES
-            self._schedule(uri, pos, 0.0 if far else self.rhythm.pause_s())
+            if far:
+                self._schedule(uri, 0.0)
+            elif uri not in self._timers:  # a throttle, not a debounce: fast typing
+                self._schedule(uri, self.rhythm.pause_s())  # may never pause
 
     def closed(self, uri: str) -> None:
         timer = self._timers.pop(uri, None)
@@ -168,27 +173,27 @@ class Background:
 
     # -- warm-ups -----------------------------------------------------------------------------
 
-    def _schedule(self, uri: str, pos: Position | None, delay: float) -> None:
+    def _schedule(self, uri: str, delay: float) -> None:
         old = self._timers.pop(uri, None)
         if old is not None:
             old.cancel()
-        version = self.version_of(uri)
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # no event loop (a server driven in-process): nothing to time
             return
-        self._timers[uri] = loop.call_later(delay, self._warm, uri, pos, version)
+        self._timers[uri] = loop.call_later(delay, self._warm, uri)
 
-    def _warm(self, uri: str, pos: Position | None, version: int | None) -> None:
+    def _warm(self, uri: str) -> None:
         self._timers.pop(uri, None)
-        if self.version_of(uri) != version:
-            return  # edited since: a newer warm-up is scheduled
-        self._warmed_line[uri] = pos.line if pos is not None else 1 << 30
+        if self.version_of(uri) is None:
+            return  # closed
+        at = self._cursor.get(uri)
+        self._warmed_line[uri] = at.line if at is not None else 1 << 30
 
         def run(job: Job) -> tuple[int, int]:
             # The prompt is built when the job runs, at the cursor of the latest edit: the
             # user may have typed on while the worker was busy.
-            req = self.request_at(uri, self._cursor.get(uri, pos))
+            req = self.request_at(uri, self._cursor.get(uri))
             if req is None:
                 return 0, 0
             req.cancel = job.cancel_event

@@ -392,3 +392,43 @@ def test_opening_and_editing_before_the_model_loads_does_not_wait_for_it():
     finally:
         service.load_failed(RuntimeError("not loaded in this test"))
         service.close()
+
+
+def test_warm_ups_keep_up_with_typing_that_never_pauses():
+    """Guards against warming only once typing pauses: at a fast, steady rhythm the pause
+    never comes, and each request would prefill everything typed since the last one."""
+    doc = Document("file:///w/a.py", "x = 1\n" * 40)
+    warmed: list[int] = []
+
+    class Recorder:
+        def warm(self, req: CompletionRequest) -> tuple[int, int]:
+            warmed.append(req.cursor.column)
+            return 0, 1
+
+    def request_at(uri: str, pos: Position | None) -> CompletionRequest:
+        cursor = doc.cursor(pos or doc.resolve(39, 0), before_chars=4000, after_chars=400)
+        return CompletionRequest(cursor, "a.py", Settings(), uri=uri)
+
+    async def session() -> int:
+        worker = Worker()
+        bg = Background(
+            worker,
+            Recorder(),  # type: ignore[arg-type]
+            Metrics(),
+            key="1:",
+            request_at=request_at,
+            version_of=lambda uri: 1,
+        )
+        bg.rhythm.pause_s = lambda: 0.05  # type: ignore[method-assign]
+        bg._warmed_line[doc.uri] = 20  # near the last warm-up: no immediate one
+        settings = Settings(completion_cache=False)
+        try:
+            for column in range(40):  # a keystroke every 10 ms, no pause
+                bg.edited(doc.uri, Position(20, column), settings)
+                await asyncio.sleep(0.01)
+            return len(warmed)
+        finally:
+            bg.stop()
+            worker.stop()
+
+    assert asyncio.run(session()) >= 2
