@@ -233,7 +233,8 @@ class Completer:
         """
         if req.cancel.is_set():
             return 0, 0
-        self._corpus(req)
+        # No refresh of the drafting index: the prompt does not depend on it, and
+        # re-tokenizing the edited document could not be interrupted by a request.
         return self.engine.warm(self.build_prompt(req).ids, req.cancel)
 
     def _answer(

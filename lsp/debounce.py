@@ -20,7 +20,7 @@ from specd import percentile
 BURST_GAP_S = 1.0
 #: a request never waits longer than this for the next keystroke
 MAX_DELAY_S = 0.12
-#: the interval between warm-ups, before any rhythm is known
+#: the interval between warm-ups before any rhythm is known, and the shortest
 DEFAULT_PAUSE_S = 0.3
 
 
@@ -68,9 +68,9 @@ class Rhythm:
         return max(0.0, min(1.5 * typical, MAX_DELAY_S) - (now - last))
 
     def pause_s(self) -> float:
-        """The interval between warm-ups while typing: four typical keystroke intervals,
-        within 0.15-1 s."""
+        """The interval between warm-ups while typing: eight typical keystroke intervals,
+        within 0.3-1 s (each warm-up costs a prompt build the next request may wait for)."""
         typical = self.interval_s
         if typical is None:
             return DEFAULT_PAUSE_S
-        return min(max(4 * typical, 0.15), BURST_GAP_S)
+        return min(max(8 * typical, DEFAULT_PAUSE_S), BURST_GAP_S)
