@@ -64,6 +64,13 @@ def chars_per_token(text: str, encode: Callable[[str], list[int]], sample: int =
     return 0.9 * len(head) / n if n else float(prompting.CHARS_PER_TOKEN)
 
 
+def shape_of(req: CompletionRequest) -> postprocess.Shape:
+    """The shape of a completion for ``req``: one place, so an answer from the completion
+    cache is shaped exactly as one from the model."""
+    s = req.settings
+    return postprocess.shape_for(req.cursor, mode=s.mode, max_lines=s.max_lines, path=req.path)
+
+
 @dataclass
 class CompletionRequest:
     """Everything one completion needs, copied out of the session on the event loop.
@@ -147,7 +154,7 @@ class Completer:
             return self._cancelled(req)
         corpus = self._corpus(req)
         prompt = self.build_prompt(req)
-        shape = postprocess.shape_for(req.cursor, mode=s.mode, max_lines=s.max_lines, path=req.path)
+        shape = shape_of(req)
         params = self.params
         if s.max_tokens is not None:
             params = dataclasses.replace(params, max_tokens=s.max_tokens)

@@ -22,9 +22,8 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import postprocess
 from .cache import CompletionCache
-from .completer import Completer, CompletionRequest, CompletionResult
+from .completer import Completer, CompletionRequest, CompletionResult, shape_of
 from .config import Settings
 from .debounce import Rhythm
 from .documents import Document, Position
@@ -128,7 +127,7 @@ class Background:
         if hit is None:
             return None
         s = req.settings
-        shape = postprocess.shape_for(req.cursor, mode=s.mode, max_lines=s.max_lines)
+        shape = shape_of(req)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + s.time_budget_ms / 1000
         waited = False

@@ -432,3 +432,32 @@ def test_warm_ups_keep_up_with_typing_that_never_pauses():
             worker.stop()
 
     assert asyncio.run(session()) >= 2
+
+
+def test_an_answer_from_the_cache_is_shaped_as_the_model_answer_would_be():
+    """Guards against the cache shaping text with other rules than the completer (here:
+    without the document's path, so the Python parse check is skipped): typing along would
+    show text the model path cuts."""
+    doc = Document("file:///w/a.py", "def f(a):\n    \n")
+    cursor = doc.cursor(doc.resolve(1, 4), before_chars=4000, after_chars=400)
+    req = CompletionRequest(cursor, "a.py", Settings(), uri=doc.uri, version=1)
+    engine = ScriptedEngine(["return a\n", "    b = )\n"])
+    direct = Completer(engine).complete(  # type: ignore[arg-type]
+        CompletionRequest(cursor, "a.py", Settings(time_budget_ms=60_000), uri=doc.uri)
+    )
+    bg = Background(
+        Worker(),
+        Completer(engine),  # type: ignore[arg-type]
+        Metrics(),
+        key="1:",
+        request_at=lambda uri, pos: None,
+        version_of=lambda uri: 1,
+    )
+    try:
+        entry = bg.cache.start(doc.uri, cursor)
+        entry.raw, entry.finish_reason = "return a\n    b = )\n", "length"
+        cached = asyncio.run(bg.from_cache(req))
+    finally:
+        bg.worker.stop()
+    assert direct.text == "return a"
+    assert cached is not None and cached.text == direct.text
