@@ -64,6 +64,13 @@ def chars_per_token(text: str, encode: Callable[[str], list[int]], sample: int =
     return 0.9 * len(head) / n if n else float(prompting.CHARS_PER_TOKEN)
 
 
+def shape_of(req: CompletionRequest) -> postprocess.Shape:
+    """The shape of a completion for ``req``: one place, so an answer from the completion
+    cache is shaped exactly as one from the model."""
+    s = req.settings
+    return postprocess.shape_for(req.cursor, mode=s.mode, max_lines=s.max_lines, path=req.path)
+
+
 @dataclass
 class CompletionRequest:
     """Everything one completion needs, copied out of the session on the event loop.
@@ -73,9 +80,10 @@ class CompletionRequest:
     :param on_lines: called on the worker thread with the post-processed text each time
         it gains a finished line (for partial results).
     :param on_answer: called on the worker thread, once, with the answer as soon as its
-        first line is complete; the generation then goes on until ``max_tokens``, a line
-        cap or a cancel, only to fill ``entry`` (None: the generation ends at the answer).
-    :param entry: the completion-cache entry that receives what the model writes.
+        first line is complete (None: the answer is the return value, at the end).
+    :param entry: the completion-cache entry that receives what the model writes; with
+        one, the generation goes on past the answer until ``max_tokens``, a line cap or a
+        cancel, to fill it.
     :param version: the document's version when the request was made.
     """
 
@@ -146,7 +154,7 @@ class Completer:
             return self._cancelled(req)
         corpus = self._corpus(req)
         prompt = self.build_prompt(req)
-        shape = postprocess.shape_for(req.cursor, mode=s.mode, max_lines=s.max_lines, path=req.path)
+        shape = shape_of(req)
         params = self.params
         if s.max_tokens is not None:
             params = dataclasses.replace(params, max_tokens=s.max_tokens)
@@ -163,7 +171,7 @@ class Completer:
         halt = threading.Event()
         deadline = time.monotonic() + s.time_budget_ms / 1000
         early = req.on_answer is not None  # answer at the first line
-        background = early and req.entry is not None  # then go on filling the cache
+        background = req.entry is not None  # past the answer, go on filling the cache
         answer: CompletionResult | None = None
 
         def stop() -> bool:
@@ -232,7 +240,8 @@ class Completer:
         """
         if req.cancel.is_set():
             return 0, 0
-        self._corpus(req)
+        # No refresh of the drafting index: the prompt does not depend on it, and
+        # re-tokenizing the edited document could not be interrupted by a request.
         return self.engine.warm(self.build_prompt(req).ids, req.cancel)
 
     def _answer(

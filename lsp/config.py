@@ -61,7 +61,7 @@ class Settings(
     first_line: bool = True
     #: keep what the model writes past the answer; answer typed-along text from it
     completion_cache: bool = True
-    #: prefill the next prompt in the background on open and when edits pause
+    #: prefill the next prompt in the background, on open and while typing
     warm_up: bool = True
     #: wait this long for a keystroke that would make a request stale; "auto": by rhythm
     debounce_ms: Annotated[int, msgspec.Meta(ge=0, le=2000)] | Literal["auto"] = "auto"

@@ -5,8 +5,8 @@ user is in the middle of a burst of typing is likely to be stale before it is an
 starting a generation for it would also stop the background work (a warm-up, the rest of
 a suggestion) that the request after the burst needs. So a request waits a little when,
 judging from the intervals between this user's recent edits, another keystroke is due;
-an edit during the wait cancels it. The same rhythm says when edits have *paused*, which
-is when the next prompt is worth warming up.
+an edit during the wait cancels it. The same rhythm sets how often the next prompt is
+warmed up while the user types.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from specd import percentile
 BURST_GAP_S = 1.0
 #: a request never waits longer than this for the next keystroke
 MAX_DELAY_S = 0.12
-#: the pause after which a warm-up starts, before any rhythm is known
+#: the interval between warm-ups before any rhythm is known, and the shortest
 DEFAULT_PAUSE_S = 0.3
 
 
@@ -68,9 +68,9 @@ class Rhythm:
         return max(0.0, min(1.5 * typical, MAX_DELAY_S) - (now - last))
 
     def pause_s(self) -> float:
-        """How long without an edit counts as a pause: four typical intervals, within
-        0.15-1 s."""
+        """The interval between warm-ups while typing: eight typical keystroke intervals,
+        within 0.3-1 s (each warm-up costs a prompt build the next request may wait for)."""
         typical = self.interval_s
         if typical is None:
             return DEFAULT_PAUSE_S
-        return min(max(4 * typical, 0.15), BURST_GAP_S)
+        return min(max(8 * typical, DEFAULT_PAUSE_S), BURST_GAP_S)

@@ -34,7 +34,7 @@ from .prompting import display_path
 from .rpc import SpecdProtocol
 from .scheduler import Job
 from .service import Service
-from .warmup import Background
+from .warmup import Background, cursor_after
 from .workspace import WorkspaceIndex
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ class SpecdServer(Answers, LanguageServer):
         self.index = self._new_workspace()
         self.ended = False
         self._on_end = on_end
-        self._chars_per_token: dict[str, float] = {}  # uri -> measured at open (or first use)
+        self._chars_per_token: dict[str, float] = {}  # uri -> measured at open
         self.background = Background(
             service.worker,
             service.completer,
@@ -138,8 +138,7 @@ class SpecdServer(Answers, LanguageServer):
     def open(self, item: types.TextDocumentItem) -> None:
         doc = self.documents.open(item.uri, item.text, item.version, item.language_id)
         self.index.changed(doc)
-        if self.service.ready:  # else measured at its first request: the loop never waits
-            self._chars_per_token[doc.uri] = chars_per_token(doc.text, self.service.tokenize)
+        self._chars_per_token.pop(doc.uri, None)
         self.background.opened(doc.uri, self.settings)
 
     def change(self, params: types.DidChangeTextDocumentParams) -> None:
@@ -154,7 +153,7 @@ class SpecdServer(Answers, LanguageServer):
         if self.settings.cancel_on_change:  # requests only: background work may still apply
             self.service.worker.cancel_key(self._key(doc.uri), "changed", background=False)
         self.background.edited(
-            doc.uri, _cursor_after(doc, params.content_changes, self.encoding), self.settings
+            doc.uri, cursor_after(doc, params.content_changes, self.encoding), self.settings
         )
 
     def close(self, uri: str) -> None:
@@ -201,12 +200,12 @@ class SpecdServer(Answers, LanguageServer):
         if pos is None:
             pos = doc.resolve(len(doc.lines) - 1, 1 << 30)
         ratio = self._chars_per_token.get(uri)
-        if ratio is None:
-            ratio = prompting.CHARS_PER_TOKEN
-            if self.service.ready:
-                ratio = self._chars_per_token[uri] = chars_per_token(
-                    doc.text, self.service.tokenize
-                )
+        if ratio is None:  # measured once per document, when the tokenizer is there
+            if not self.service.ready:  # never wait for the model on the event loop
+                ratio = prompting.CHARS_PER_TOKEN
+            else:
+                ratio = chars_per_token(doc.head(20_000), self.service.tokenize)
+                self._chars_per_token[uri] = ratio
         cursor = cursor_at(doc, pos, s, ratio)
         others = sorted(self.documents.others(uri), key=lambda d: d.language_id != doc.language_id)
         return CompletionRequest(
@@ -290,19 +289,6 @@ def _settle(future: asyncio.Future, result: Any, error: BaseException | None) ->
         future.set_exception(error)
     else:
         future.set_result(result)
-
-
-def _cursor_after(doc: Any, changes: Sequence[Any], encoding: str) -> Position | None:
-    """Where the last ranged edit left the cursor: the end of its inserted text."""
-    change = changes[-1] if changes else None
-    rng = getattr(change, "range", None)
-    if change is None or rng is None:
-        return None
-    start = doc.resolve(rng.start.line, rng.start.character, encoding)
-    text = change.text.replace("\r\n", "\n").replace("\r", "\n")
-    if "\n" not in text:
-        return Position(start.line, start.column + len(text))
-    return Position(start.line + text.count("\n"), len(text.rsplit("\n", 1)[1]))
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> None:

@@ -1,9 +1,10 @@
 """One session's work around its requests: the completion cache, warm-ups, prefetches and
 the debounce (docs/editors.md, "How suggestions are produced").
 
-- **Warm-up**: when a document opens, when an edit lands far from the last one, and when
-  edits pause, the prompt the next request will need is prefilled in the background
-  (``Completer.warm``), so the request computes only the few tokens typed since.
+- **Warm-up**: when a document opens, when an edit lands far from the last one, and while
+  the user types (at most once per pause interval of their rhythm), the prompt the next
+  request will need is prefilled in the background (``Completer.warm``), so the request
+  computes only the few tokens typed since.
 - **Completion cache**: a request whose typed text follows what the model already wrote is
   answered from it (:mod:`.cache`), waiting if needed for the generation still writing it.
 - **Prefetch**: once the user has typed a cached suggestion through, the completion at the
@@ -18,19 +19,18 @@ background jobs, which any request preempts.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import postprocess
 from .cache import CompletionCache
-from .completer import Completer, CompletionRequest, CompletionResult
+from .completer import Completer, CompletionRequest, CompletionResult, shape_of
 from .config import Settings
 from .debounce import Rhythm
-from .documents import Position
+from .documents import Document, Position
 from .metrics import Metrics
 from .scheduler import Job, Worker
 
-#: an edit this many lines from the last warmed position is warmed at once, not at a pause
+#: an edit this many lines from the last warmed position is warmed at once
 FAR_LINES = 24
 #: how often a request waiting for a running generation looks at it again
 POLL_S = 0.01
@@ -65,6 +65,7 @@ class Background:
         self.rhythm = Rhythm()
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._warmed_line: dict[str, int] = {}
+        self._cursor: dict[str, Position] = {}  # where the last edit left the cursor
 
     # -- document events ---------------------------------------------------------------------
 
@@ -72,13 +73,15 @@ class Background:
         """A document opened: warm the prompt at its end (the whole file, for a file that
         fits the prompt window)."""
         if settings.warm_up:
-            self._schedule(uri, None, 0.0)
+            self._cursor.pop(uri, None)
+            self._schedule(uri, 0.0)
 
     def edited(self, uri: str, pos: Position | None, settings: Settings) -> None:
         """A document changed; ``pos`` is where the edit left the cursor, if known."""
         self.rhythm.edited(uri)
         if pos is None:
             return
+        self._cursor[uri] = pos
         if settings.completion_cache:
             req = self.request_at(uri, pos)
             hit = self.cache.lookup(uri, req.cursor) if req is not None else None
@@ -91,7 +94,10 @@ class Background:
                 self.worker.cancel_key(self.request_key(uri), "changed")
         if settings.warm_up:
             far = abs(pos.line - self._warmed_line.get(uri, -FAR_LINES - 1)) > FAR_LINES
-            self._schedule(uri, pos, 0.0 if far else self.rhythm.pause_s())
+            if far:
+                self._schedule(uri, 0.0)
+            elif uri not in self._timers:  # a throttle, not a debounce: fast typing
+                self._schedule(uri, self.rhythm.pause_s())  # may never pause
 
     def closed(self, uri: str) -> None:
         timer = self._timers.pop(uri, None)
@@ -100,6 +106,7 @@ class Background:
         self.cache.forget(uri)
         self.rhythm.forget(uri)
         self._warmed_line.pop(uri, None)
+        self._cursor.pop(uri, None)
         for kind in ("warm", "prefetch"):
             self.worker.cancel_key(f"{self.key}{kind}:{uri}", "changed")
 
@@ -120,7 +127,7 @@ class Background:
         if hit is None:
             return None
         s = req.settings
-        shape = postprocess.shape_for(req.cursor, mode=s.mode, max_lines=s.max_lines)
+        shape = shape_of(req)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + s.time_budget_ms / 1000
         waited = False
@@ -150,7 +157,6 @@ class Background:
     def prefetch(self, req: CompletionRequest) -> None:
         """Generate the completion at ``req``'s cursor into the cache, in the background."""
         req.entry = self.cache.start(req.uri, req.cursor)
-        req.on_answer = _ignore
         self._warmed_line[req.uri] = req.cursor.line
         job = Job(
             key=f"{self.key}prefetch:{req.uri}",
@@ -166,36 +172,36 @@ class Background:
 
     # -- warm-ups -----------------------------------------------------------------------------
 
-    def _schedule(self, uri: str, pos: Position | None, delay: float) -> None:
+    def _schedule(self, uri: str, delay: float) -> None:
         old = self._timers.pop(uri, None)
         if old is not None:
             old.cancel()
-        version = self.version_of(uri)
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # no event loop (a server driven in-process): nothing to time
             return
-        self._timers[uri] = loop.call_later(delay, self._warm, uri, pos, version)
+        self._timers[uri] = loop.call_later(delay, self._warm, uri)
 
-    def _warm(self, uri: str, pos: Position | None, version: int | None) -> None:
+    def _warm(self, uri: str) -> None:
         self._timers.pop(uri, None)
-        if self.version_of(uri) != version:
-            return  # edited since: a newer warm-up is scheduled
-        req = self.request_at(uri, pos)
-        if req is None:
-            return
-        self._warmed_line[uri] = req.cursor.line
+        if self.version_of(uri) is None:
+            return  # closed
+        at = self._cursor.get(uri)
+        self._warmed_line[uri] = at.line if at is not None else 1 << 30
 
         def run(job: Job) -> tuple[int, int]:
-            if self.version_of(uri) != version:
-                return 0, 0  # edited while it waited: a request or a newer warm-up knows better
+            # The prompt is built when the job runs, at the cursor of the latest edit: the
+            # user may have typed on while the worker was busy.
+            req = self.request_at(uri, self._cursor.get(uri))
+            if req is None:
+                return 0, 0
+            req.cancel = job.cancel_event
             return self.completer.warm(req)
 
         job = Job(
             key=f"{self.key}warm:{uri}",
             run=run,
             done=self._done("warmups"),
-            cancel_event=req.cancel,
             background=True,
         )
         self.worker.submit(job)
@@ -219,5 +225,14 @@ class Background:
         return done
 
 
-def _ignore(result: CompletionResult) -> None:
-    """``on_answer`` for a prefetch: nobody waits for it; the cache gets its text."""
+def cursor_after(doc: Document, changes: Sequence[Any], encoding: str) -> Position | None:
+    """Where the last ranged edit left the cursor: the end of its inserted text."""
+    change = changes[-1] if changes else None
+    rng = getattr(change, "range", None)
+    if change is None or rng is None:
+        return None
+    start = doc.resolve(rng.start.line, rng.start.character, encoding)
+    text = change.text.replace("\r\n", "\n").replace("\r", "\n")
+    if "\n" not in text:
+        return Position(start.line, start.column + len(text))
+    return Position(start.line + text.count("\n"), len(text.rsplit("\n", 1)[1]))

@@ -219,22 +219,8 @@ class Engine:
         ids = self._prompt_ids(prompt)
         if isinstance(cancel, threading.Event):
             cancel = cancel.is_set
-        head = ids[:-1]  # what a request for ``ids`` keeps in its cache (all but the pending)
-        with self._lock:
-            if self.prefix_cache.cached(head) == len(head):
-                return len(head), 0  # acquiring would crop away what follows it
-            cache, reused = self.prefix_cache.acquire(head)
-            try:
-                for start in range(reused, len(head), chunk):
-                    if cancel is not None and cancel():
-                        break
-                    self.target.prefill(cache, head[start : start + chunk])
-            except BaseException:
-                cache.crop(0)
-                self.prefix_cache.release(cache, [])
-                raise
-            self.prefix_cache.release(cache, head[: cache.length])
-        return reused, cache.length - reused
+        with self._lock:  # a request keeps all of its prompt but the pending token cached
+            return self.prefix_cache.fill(ids[:-1], self.target.prefill, cancel, chunk)
 
     def plugin_health(self) -> dict[str, dict[str, Any]]:
         """Calls, failures and disabled state per plugin since the engine started."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import count
 
@@ -76,6 +76,34 @@ class PrefixCache:
         """How many of ``tokens`` the best entry holds, without taking or cropping it."""
         with self._lock:
             return max((common_prefix(e.tokens, tokens) for e in self._entries.values()), default=0)
+
+    def fill(
+        self,
+        tokens: Sequence[int],
+        extend: Callable[[KVCache, Sequence[int]], object],
+        cancel: Callable[[], bool] | None = None,
+        chunk: int = 64,
+    ) -> tuple[int, int]:
+        """Make an entry hold ``tokens``: ``extend(cache, piece)`` computes what no entry
+        holds, ``chunk`` tokens at a time, with ``cancel`` checked between chunks; what
+        was computed is kept either way.
+
+        :returns: (tokens an entry already held, tokens computed now).
+        """
+        if self.cached(tokens) == len(tokens):
+            return len(tokens), 0  # acquiring would crop away what the entry holds after them
+        cache, held = self.acquire(tokens)
+        try:
+            for start in range(held, len(tokens), chunk):
+                if cancel is not None and cancel():
+                    break
+                extend(cache, tokens[start : start + chunk])
+        except BaseException:
+            cache.crop(0)
+            self.release(cache, [])
+            raise
+        self.release(cache, tokens[: cache.length])
+        return held, cache.length - held
 
     def release(self, cache: KVCache, tokens: Sequence[int]) -> None:
         """Return ``cache``, which now holds exactly ``tokens``."""

@@ -41,6 +41,12 @@ class SessionConfig:
 CONFIGS = (
     SessionConfig("default"),
     SessionConfig("no-token-healing", {"token-healing": False}),
+    # no warm-up, no first-line answer, no completion cache, no debounce: each request
+    # runs the model to the end of its suggestion
+    SessionConfig(
+        "no-pipeline",
+        {"warm-up": False, "first-line": False, "completion-cache": False, "debounce-ms": 0},
+    ),
 )
 
 

@@ -9,18 +9,28 @@ random model.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable, Generator
 
 import pytest
+from lsprotocol import types
 from specd.lsp.cache import CompletionCache
-from specd.lsp.completer import Completer, CompletionRequest, CompletionResult
+from specd.lsp.completer import (
+    Completer,
+    CompletionRequest,
+    CompletionResult,
+    chars_per_token,
+    cursor_at,
+)
 from specd.lsp.config import Settings
 from specd.lsp.debounce import BURST_GAP_S, MAX_DELAY_S, Rhythm
-from specd.lsp.documents import Document
+from specd.lsp.documents import Document, Position
 from specd.lsp.metrics import Metrics
 from specd.lsp.scheduler import Job, Worker
+from specd.lsp.server import SpecdServer
+from specd.lsp.service import Service
 from specd.lsp.warmup import Background
 
 from specd import Completion, Delta, Engine, Generation, SamplingParams, Stats
@@ -289,3 +299,165 @@ def test_a_prefetch_superseded_before_it_ran_releases_its_cache_entry():
         assert second.entry is not None and second.entry.raw == "".join(BODY)
     finally:
         worker.stop()
+
+
+def test_a_warm_up_that_waited_warms_the_prompt_at_the_latest_edit():
+    """Guards against a warm-up queued behind a busy worker being skipped (or warming the
+    cursor it was scheduled for) because the user typed on meanwhile: in a typing session
+    the worker is busy whenever the user types, so no warm-up would ever run."""
+    doc = Document("file:///w/a.py", "x = 1\n" * 40)
+    versions = {doc.uri: 1}
+    warmed: list[int] = []
+
+    class Recorder:
+        def warm(self, req: CompletionRequest) -> tuple[int, int]:
+            warmed.append(req.cursor.line)
+            return 0, 10
+
+    def request_at(uri: str, pos: Position | None) -> CompletionRequest:
+        cursor = doc.cursor(pos or doc.resolve(39, 0), before_chars=4000, after_chars=400)
+        return CompletionRequest(cursor, "a.py", Settings(), uri=uri)
+
+    async def session() -> None:
+        worker = Worker()
+        gate = threading.Event()
+        bg = Background(
+            worker,
+            Recorder(),  # type: ignore[arg-type]
+            Metrics(),
+            key="1:",
+            request_at=request_at,
+            version_of=versions.get,
+        )
+        bg.rhythm.pause_s = lambda: 60.0  # type: ignore[method-assign]  # no pause in this test
+        settings = Settings(completion_cache=False)
+        try:
+            worker.submit(Job("1:gate", lambda job: gate.wait(10), lambda r, e, j: None))
+            bg.edited(doc.uri, Position(5, 0), settings)  # far from anything warmed: at once
+            await asyncio.sleep(0.05)
+            versions[doc.uri] = 2
+            bg.edited(doc.uri, Position(6, 3), settings)  # typed on while the worker was busy
+            gate.set()
+            for _ in range(500):
+                if warmed:
+                    break
+                await asyncio.sleep(0.01)
+        finally:
+            bg.stop()
+            worker.stop()
+
+    asyncio.run(session())
+    assert warmed == [6]
+
+
+# -- the prompt's layout --------------------------------------------------------------------------
+
+
+def test_keystrokes_on_a_long_file_keep_the_prompt_start(engine):
+    """Guards against a window before the cursor sized in characters that holds more
+    tokens than the prefix budget: the budget then cuts the front by tokens, the cut moves
+    as the user types, and every so many keystrokes the whole cached prompt is lost."""
+    completer = Completer(engine)
+    doc = Document("file:///w/a.py", "".join(f"value_{i} = compute({i})\n" for i in range(400)))
+    settings = Settings(prefix_tokens=256, context_tokens=0)
+    ratio = chars_per_token(doc.text, engine.tokenize)
+    previous: list[int] = []
+    for k in range(100):  # typing a long line
+        at = doc.resolve(300, 10**6)
+        doc.apply_change("x", at, at)
+        cursor = cursor_at(doc, doc.resolve(300, 10**6), settings, ratio)
+        ids = completer.build_prompt(CompletionRequest(cursor, "a.py", settings)).ids
+        kept = next((i for i, (a, b) in enumerate(zip(previous, ids)) if a != b), len(previous))
+        assert kept >= len(previous) - 2, f"keystroke {k} kept {kept} of {len(previous)} tokens"
+        previous = ids
+
+
+def test_opening_and_editing_before_the_model_loads_does_not_wait_for_it():
+    """Guards against measuring a document's characters per token (or anything else that
+    needs the tokenizer) on the event loop while the model is still loading: didOpen would
+    block every message behind it until the load ends."""
+    service = Service(None)
+    ls = SpecdServer(service)
+    uri = "file:///w/a.py"
+
+    def session() -> None:
+        ls.open(types.TextDocumentItem(uri, "python", 1, "x = 1\n" * 50))
+        ls.request(uri, types.Position(3, 2))
+
+    worker = threading.Thread(target=session, daemon=True)
+    try:
+        worker.start()
+        worker.join(30)
+        assert not worker.is_alive(), "didOpen waited for the model"
+    finally:
+        service.load_failed(RuntimeError("not loaded in this test"))
+        service.close()
+
+
+def test_warm_ups_keep_up_with_typing_that_never_pauses():
+    """Guards against warming only once typing pauses: at a fast, steady rhythm the pause
+    never comes, and each request would prefill everything typed since the last one."""
+    doc = Document("file:///w/a.py", "x = 1\n" * 40)
+    warmed: list[int] = []
+
+    class Recorder:
+        def warm(self, req: CompletionRequest) -> tuple[int, int]:
+            warmed.append(req.cursor.column)
+            return 0, 1
+
+    def request_at(uri: str, pos: Position | None) -> CompletionRequest:
+        cursor = doc.cursor(pos or doc.resolve(39, 0), before_chars=4000, after_chars=400)
+        return CompletionRequest(cursor, "a.py", Settings(), uri=uri)
+
+    async def session() -> int:
+        worker = Worker()
+        bg = Background(
+            worker,
+            Recorder(),  # type: ignore[arg-type]
+            Metrics(),
+            key="1:",
+            request_at=request_at,
+            version_of=lambda uri: 1,
+        )
+        bg.rhythm.pause_s = lambda: 0.05  # type: ignore[method-assign]
+        bg._warmed_line[doc.uri] = 20  # near the last warm-up: no immediate one
+        settings = Settings(completion_cache=False)
+        try:
+            for column in range(40):  # a keystroke every 10 ms, no pause
+                bg.edited(doc.uri, Position(20, column), settings)
+                await asyncio.sleep(0.01)
+            return len(warmed)
+        finally:
+            bg.stop()
+            worker.stop()
+
+    assert asyncio.run(session()) >= 2
+
+
+def test_an_answer_from_the_cache_is_shaped_as_the_model_answer_would_be():
+    """Guards against the cache shaping text with other rules than the completer (here:
+    without the document's path, so the Python parse check is skipped): typing along would
+    show text the model path cuts."""
+    doc = Document("file:///w/a.py", "def f(a):\n    \n")
+    cursor = doc.cursor(doc.resolve(1, 4), before_chars=4000, after_chars=400)
+    req = CompletionRequest(cursor, "a.py", Settings(), uri=doc.uri, version=1)
+    engine = ScriptedEngine(["return a\n", "    b = )\n"])
+    direct = Completer(engine).complete(  # type: ignore[arg-type]
+        CompletionRequest(cursor, "a.py", Settings(time_budget_ms=60_000), uri=doc.uri)
+    )
+    bg = Background(
+        Worker(),
+        Completer(engine),  # type: ignore[arg-type]
+        Metrics(),
+        key="1:",
+        request_at=lambda uri, pos: None,
+        version_of=lambda uri: 1,
+    )
+    try:
+        entry = bg.cache.start(doc.uri, cursor)
+        entry.raw, entry.finish_reason = "return a\n    b = )\n", "length"
+        cached = asyncio.run(bg.from_cache(req))
+    finally:
+        bg.worker.stop()
+    assert direct.text == "return a"
+    assert cached is not None and cached.text == direct.text

@@ -262,7 +262,7 @@ async def test_a_burst_of_50_requests_starts_one_generation_for_the_document(
                                 range=types.Range(
                                     types.Position(1, 4 + i), types.Position(1, 4 + i)
                                 ),
-                                text="x",
+                                text="+",  # not a word: the suggestion need not extend one
                             )
                         ],
                     )
