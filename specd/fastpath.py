@@ -149,50 +149,91 @@ class FastDecoder:
         :returns: logits ``[T', V]`` and, when asked, the last layer's output ``[T, H]``."""
         t = ids.shape[1]
         h = F.embedding(ids, self.embed)  # [1, T, H]
-        cos, sin = self.rotary(h, position_ids)  # [1, T, D]
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-        half = self.head_dim // 2
+        cos, sin = self.rotary_tables(h, position_ids)
         past = cache.length
         n_rep = self.n_heads // self.n_kv
         causal_from_zero = mask is None and t > 1 and past == 0
         if mask is None and t > 1 and past > 0:
-            causal = torch.ones(t, past + t, dtype=torch.bool, device=h.device).tril_(past)
-            mask = causal[None, None]
-        if mask is not None and n_rep > 1:
-            # Grouped-query attention runs on the key/value heads: the n_rep query heads
-            # of a group become n_rep * T query rows (much faster than repeating keys and
-            # values, notably in bfloat16 on CPU), so the mask is tiled to match.
-            mask = mask.repeat(1, 1, n_rep, 1)
+            # Additive, in the activations' dtype, built once per pass: a boolean mask would
+            # be converted by every layer's attention call.
+            blocked = torch.ones(t, past + t, dtype=torch.bool, device=h.device).triu_(past + 1)
+            mask = torch.zeros(t, past + t, dtype=h.dtype, device=h.device)
+            mask = mask.masked_fill_(blocked, torch.finfo(h.dtype).min)[None, None]
+        if mask is not None:
+            mask = self.pack_mask(mask)
         for i, L in enumerate(self.layers[:layers]):
-            x = self._rms(h, L.ln1)
-            q = self._linear(x, L.wq, L.bq)
-            k = self._linear(x, L.wk, L.bk)
-            v = self._linear(x, L.wv, L.bv)
-            q = q.view(1, t, self.n_heads, self.head_dim).transpose(1, 2)
-            k = k.view(1, t, self.n_kv, self.head_dim).transpose(1, 2)
-            v = v.view(1, t, self.n_kv, self.head_dim).transpose(1, 2)
-            # rotary: x * cos + rotate_half(x) * sin
-            q = q * cos + torch.cat((-q[..., half:], q[..., :half]), dim=-1) * sin
-            k = k * cos + torch.cat((-k[..., half:], k[..., :half]), dim=-1) * sin
+            q, k, v = self.qkv(L, h, cos, sin)
             keys, values = cache.layer(i).update(k, v)  # [1, KV, S, D]
             if causal_from_zero:
                 o = F.scaled_dot_product_attention(
                     q, keys, values, is_causal=True, scale=self.scaling, enable_gqa=n_rep > 1
                 )
             else:
-                packed = q.reshape(1, self.n_kv, n_rep * t, self.head_dim)  # [1, KV, R*T, D]
-                o = F.scaled_dot_product_attention(
-                    packed, keys, values, attn_mask=mask, scale=self.scaling
-                )
-                o = o.view(1, self.n_heads, t, self.head_dim)
-            o = o.transpose(1, 2).reshape(1, t, self.n_heads * self.head_dim)
-            h = h + self._linear(o, L.wo, L.bo)
-            x = self._rms(h, L.ln2)
-            h = h + self._linear(F.silu(self._linear(x, L.wg)) * self._linear(x, L.wu), L.wd)
+                o = self.attend(q, keys, values, mask)
+            h = self.mlp(L, h, o)
         out = self._rms(h, self.norm)
         if keep:
             out = out[:, -keep:]
         return self._lm_head(out[0]), (h[0] if hidden else None)
+
+    # One decoder layer, in the parts a compiled step (specd.compiled) shares: the cache
+    # write between qkv and attend is the caller's.
+
+    def qkv(
+        self, L: _Layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries ``[1, heads, T, D]``, keys and values ``[1, KV, T, D]`` of ``h`` ``[1, T, H]``,
+        rotated by ``cos``/``sin`` ``[1, 1, T, D]``."""
+        t = h.shape[1]
+        half = self.head_dim // 2
+        x = self._rms(h, L.ln1)
+        q = self._linear(x, L.wq, L.bq).view(1, t, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self._linear(x, L.wk, L.bk).view(1, t, self.n_kv, self.head_dim).transpose(1, 2)
+        v = self._linear(x, L.wv, L.bv).view(1, t, self.n_kv, self.head_dim).transpose(1, 2)
+        # rotary: x * cos + rotate_half(x) * sin
+        q = q * cos + torch.cat((-q[..., half:], q[..., :half]), dim=-1) * sin
+        k = k * cos + torch.cat((-k[..., half:], k[..., :half]), dim=-1) * sin
+        return q, k, v
+
+    def pack_mask(self, mask: torch.Tensor) -> torch.Tensor:
+        """A mask ``[1, 1, T, S]`` for :meth:`attend`'s packed rows: ``[1, 1, R*T, S]``."""
+        n_rep = self.n_heads // self.n_kv
+        return mask.repeat(1, 1, n_rep, 1) if n_rep > 1 else mask
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Attention of ``q`` ``[1, heads, T, D]`` over ``keys``/``values`` ``[1, KV, S, D]``
+        with a packed additive ``mask`` (:meth:`pack_mask`; None: every row sees every key).
+
+        Grouped-query attention runs on the key/value heads: the n_rep query heads of a
+        group become n_rep * T query rows (much faster than repeating keys and values,
+        notably in bfloat16 on CPU).
+        :returns: ``[1, heads, T, D]``."""
+        t = q.shape[2]
+        n_rep = self.n_heads // self.n_kv
+        packed = q.reshape(1, self.n_kv, n_rep * t, self.head_dim)  # [1, KV, R*T, D]
+        keys, values = keys.to(q.dtype), values.to(q.dtype)
+        o = F.scaled_dot_product_attention(packed, keys, values, attn_mask=mask, scale=self.scaling)
+        return o.view(1, self.n_heads, t, self.head_dim)
+
+    def mlp(self, L: _Layer, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+        """The rest of the layer: output projection of attention ``o`` ``[1, heads, T, D]``,
+        residual, the MLP and its residual. :returns: ``[1, T, H]``."""
+        t = h.shape[1]
+        o = o.transpose(1, 2).reshape(1, t, self.n_heads * self.head_dim)
+        h = h + self._linear(o, L.wo, L.bo)
+        x = self._rms(h, L.ln2)
+        return h + self._linear(F.silu(self._linear(x, L.wg)) * self._linear(x, L.wu), L.wd)
+
+    def rotary_tables(self, h: torch.Tensor, position_ids: torch.Tensor):
+        """cos and sin ``[1, 1, T, D]`` for ``position_ids`` ``[1, T]``."""
+        cos, sin = self.rotary(h, position_ids)  # [1, T, D]
+        return cos.unsqueeze(1), sin.unsqueeze(1)
 
     def _lm_head(self, x: torch.Tensor) -> torch.Tensor:
         """Logits ``[T, V]`` from final hidden states ``[T, H]``."""
