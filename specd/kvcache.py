@@ -28,8 +28,10 @@ class _GrowingLayer(DynamicLayer):
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device
         b, h, _, d = key_states.shape
-        self._k = key_states.new_empty((b, h, self._capacity, d))
-        self._v = value_states.new_empty((b, h, self._capacity, value_states.shape[-1]))
+        # Zeros, not garbage: a compiled step may attend over positions it masks out, and a
+        # masked NaN still poisons the sum (0 * NaN).
+        self._k = key_states.new_zeros((b, h, self._capacity, d))
+        self._v = value_states.new_zeros((b, h, self._capacity, value_states.shape[-1]))
         self.length = 0
         self._views()
         self.is_initialized = True
@@ -47,7 +49,7 @@ class _GrowingLayer(DynamicLayer):
         new_cap = max(needed, 2 * cap)
         for name in ("_k", "_v"):
             old = getattr(self, name)
-            new = old.new_empty((old.shape[0], old.shape[1], new_cap, old.shape[3]))
+            new = old.new_zeros((old.shape[0], old.shape[1], new_cap, old.shape[3]))
             new[:, :, : self.length] = old[:, :, : self.length]
             setattr(self, name, new)
 
@@ -57,11 +59,24 @@ class _GrowingLayer(DynamicLayer):
         n = key_states.shape[2]
         self._reserve(self.length + n)
         assert self._k is not None and self._v is not None
+        # Stored in the buffer's dtype (a bfloat16 prefill fills a float32 cache).
         self._k[:, :, self.length : self.length + n] = key_states
         self._v[:, :, self.length : self.length + n] = value_states
         self.length += n
         self._views()
         return self.keys, self.values
+
+    def buffers(self, needed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole key and value buffers ``[B, H, capacity, D]``, grown to hold
+        ``needed`` positions, for a step that writes into them itself (then :meth:`advance`)."""
+        self._reserve(needed)
+        assert self._k is not None and self._v is not None
+        return self._k, self._v
+
+    def advance(self, n: int) -> None:
+        """Count ``n`` positions written into :meth:`buffers` after the live ones."""
+        self.length += n
+        self._views()
 
     def get_seq_length(self) -> int:
         return self.length
@@ -113,6 +128,24 @@ class KVCache:
     def layer(self, i: int) -> _GrowingLayer:
         """Layer ``i``'s keys and values; ``update(k, v)`` appends and returns the live views."""
         return self._layers[i]
+
+    def buffers(self, needed: int) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+        """Every layer's whole key and value buffers ``[B, H, capacity, D]``, with room for
+        ``needed`` positions, for a step that writes into them in place; None while the
+        cache has never been written (its shapes are not known yet). Count what the step
+        wrote with :meth:`advance`.
+
+        A buffer stays the same tensor until a step needs more than its capacity, so a
+        captured graph (CUDA) that holds it replays until then.
+        """
+        if not self._layers or not self._layers[0].is_initialized:
+            return None
+        return [layer.buffers(needed) for layer in self._layers]
+
+    def advance(self, n: int) -> None:
+        """Count ``n`` positions written into :meth:`buffers` after the live ones."""
+        for layer in self._layers:
+            layer.advance(n)
 
     @property
     def length(self) -> int:
