@@ -113,17 +113,21 @@ class Engine:
         dtype: str | None = None,
         device: str | None = None,
         trust_remote_code: bool = False,
+        compile: str = "auto",
         **engine_options: Any,
     ) -> Engine:
         """Load a model offline and build an engine around it.
 
         :param model: as ``--model`` takes it (default: SmolLM2-135M-Instruct); see
             :func:`specd.models.load_target`.
+        :param compile: the compiled decode step: ``auto``, ``off``, ``on`` or
+            ``background`` (see :meth:`specd.Target.compile`).
         :param engine_options: the keyword arguments of :class:`Engine`.
         """
         from .models import load_target
 
         target = load_target(model, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
+        target.compile(compile)
         return cls(target, **engine_options)
 
     # -- public API ---------------------------------------------------------------------
