@@ -63,40 +63,52 @@ def supports(model: Any) -> bool:
 class FastDecoder:
     """Runs a supported model over new tokens on top of a :class:`KVCache`."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, dtype: torch.dtype | None = None) -> None:
+        """:param dtype: run in this dtype, on copies of the weights (default: the model's
+        own weights, as they are)."""
         decoder = model.get_decoder()
         cfg = model.config
+        copies: dict[int, torch.Tensor] = {}
+
+        def w(t: torch.Tensor | None) -> Any:
+            if t is None or dtype is None or t.dtype == dtype:
+                return t
+            if t.data_ptr() not in copies:  # tied weights: one copy
+                copies[t.data_ptr()] = t.detach().to(dtype)
+            return copies[t.data_ptr()]
+
         self.rotary = decoder.rotary_emb
-        self.embed = decoder.embed_tokens.weight
-        self.norm = decoder.norm.weight
+        self.embed = w(decoder.embed_tokens.weight)
+        self.norm = w(decoder.norm.weight)
         self.eps = float(decoder.norm.variance_epsilon)
-        self.lm_head = model.get_output_embeddings().weight
-        self.lm_head_bias = getattr(model.get_output_embeddings(), "bias", None)
+        self.lm_head = w(model.get_output_embeddings().weight)
+        self.lm_head_bias = w(getattr(model.get_output_embeddings(), "bias", None))
         first = decoder.layers[0].self_attn
         self.head_dim = int(first.head_dim)
         self.n_heads = int(cfg.num_attention_heads)
         self.n_kv = int(getattr(cfg, "num_key_value_heads", None) or self.n_heads)
         self.scaling = float(first.scaling)
-        # The model's own parameters are used as they are (no copies: weights loaded from
-        # safetensors stay memory-mapped, and resident memory holds them once).
+        # Without a dtype, the model's own parameters are used as they are (no copies:
+        # weights loaded from safetensors stay memory-mapped, and resident memory holds
+        # them once).
         self.layers = []
         for block in decoder.layers:
             a, m = block.self_attn, block.mlp
             self.layers.append(
                 _Layer(
-                    ln1=block.input_layernorm.weight,
-                    ln2=block.post_attention_layernorm.weight,
-                    wq=a.q_proj.weight,
-                    bq=a.q_proj.bias,
-                    wk=a.k_proj.weight,
-                    bk=a.k_proj.bias,
-                    wv=a.v_proj.weight,
-                    bv=a.v_proj.bias,
-                    wo=a.o_proj.weight,
-                    bo=a.o_proj.bias,
-                    wg=m.gate_proj.weight,
-                    wu=m.up_proj.weight,
-                    wd=m.down_proj.weight,
+                    ln1=w(block.input_layernorm.weight),
+                    ln2=w(block.post_attention_layernorm.weight),
+                    wq=w(a.q_proj.weight),
+                    bq=w(a.q_proj.bias),
+                    wk=w(a.k_proj.weight),
+                    bk=w(a.k_proj.bias),
+                    wv=w(a.v_proj.weight),
+                    bv=w(a.v_proj.bias),
+                    wo=w(a.o_proj.weight),
+                    bo=w(a.o_proj.bias),
+                    wg=w(m.gate_proj.weight),
+                    wu=w(m.up_proj.weight),
+                    wd=w(m.down_proj.weight),
                 )
             )
         # Which matrix product streams weights fastest depends on device and dtype.
@@ -166,7 +178,12 @@ class FastDecoder:
             keys, values = cache.layer(i).update(k, v)  # [1, KV, S, D]
             if causal_from_zero:
                 o = F.scaled_dot_product_attention(
-                    q, keys, values, is_causal=True, scale=self.scaling, enable_gqa=n_rep > 1
+                    q,
+                    keys.to(q.dtype),
+                    values.to(q.dtype),
+                    is_causal=True,
+                    scale=self.scaling,
+                    enable_gqa=n_rep > 1,
                 )
             else:
                 o = self.attend(q, keys, values, mask)

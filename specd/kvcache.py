@@ -18,9 +18,10 @@ class _GrowingLayer(DynamicLayer):
     """One layer's keys and values in a buffer ``[B, H, capacity, D]`` of which the first
     ``length`` positions are live."""
 
-    def __init__(self, capacity: int = 256) -> None:
+    def __init__(self, capacity: int = 256, dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self._capacity = capacity
+        self._dtype = dtype
         self._k: torch.Tensor | None = None
         self._v: torch.Tensor | None = None
         self.length = 0
@@ -30,8 +31,11 @@ class _GrowingLayer(DynamicLayer):
         b, h, _, d = key_states.shape
         # Zeros, not garbage: a compiled step may attend over positions it masks out, and a
         # masked NaN still poisons the sum (0 * NaN).
-        self._k = key_states.new_zeros((b, h, self._capacity, d))
-        self._v = value_states.new_zeros((b, h, self._capacity, value_states.shape[-1]))
+        dtype = self._dtype or key_states.dtype
+        self._k = key_states.new_zeros((b, h, self._capacity, d), dtype=dtype)
+        self._v = value_states.new_zeros(
+            (b, h, self._capacity, value_states.shape[-1]), dtype=dtype
+        )
         self.length = 0
         self._views()
         self.is_initialized = True
@@ -119,8 +123,11 @@ class _GrowingLayer(DynamicLayer):
 class KVCache:
     """The KV cache of one sequence: what the target has seen, and nothing more."""
 
-    def __init__(self, num_layers: int, capacity: int = 256) -> None:
-        self._layers = [_GrowingLayer(capacity) for _ in range(num_layers)]
+    def __init__(
+        self, num_layers: int, capacity: int = 256, dtype: torch.dtype | None = None
+    ) -> None:
+        """:param dtype: what keys and values are stored as (default: as the first written)."""
+        self._layers = [_GrowingLayer(capacity, dtype) for _ in range(num_layers)]
         self.hf = DynamicCache()
         self.hf.layers = list(self._layers)
         self.hf.layer_class_to_replicate = None

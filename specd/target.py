@@ -69,12 +69,32 @@ class Target:
         self.fast = FastDecoder(model) if fast and fastpath.supports(model) else None
         #: the compiled decode and verify step (:meth:`compile`), None while eager
         self.compiled: CompiledStep | None = None
+        #: the lean forward prefill runs in another dtype (:meth:`set_prefill_dtype`)
+        self.prefill_fast: FastDecoder | None = None
 
     def new_cache(self, capacity: int = 256) -> KVCache:
         if self.compiled is not None and self.compiled.backend == "cudagraph":
             # A captured graph replays only until its cache outgrows the buffer it holds.
             capacity = max(capacity, min(STATIC_CAPACITY, self.max_positions))
-        return KVCache(self.num_layers, capacity=capacity)
+        return KVCache(self.num_layers, capacity=capacity, dtype=self.dtype)
+
+    def set_prefill_dtype(self, dtype: torch.dtype | None) -> None:
+        """Run prefill in ``dtype`` (e.g. bfloat16, on CPUs with bfloat16 instructions) while
+        decoding stays in the model's dtype: the prompt's keys and values are computed in
+        ``dtype`` and stored in the model's. Faster prompts, not token-identical to plain
+        decoding in the model's dtype; the rate is measured in docs/benchmarks.md.
+
+        :param dtype: None or the model's dtype: prefill as the model runs.
+        """
+        if dtype is None or dtype == self.dtype:
+            self.prefill_fast = None
+            return
+        if self.fast is None:
+            raise BadInputError(
+                f"a prefill dtype needs the lean forward, which {type(self.model).__name__} "
+                "does not have; leave --prefill-dtype unset"
+            )
+        self.prefill_fast = FastDecoder(self.model, dtype=dtype)
 
     @property
     def max_positions(self) -> int:
@@ -232,8 +252,9 @@ class Target:
             out = self.compiled.run(cache, ids, position_ids, mask)
             if out is not None:
                 return ForwardOut(logits=out[0], hidden=out[1] if hidden else None)
-        if self.fast is not None:
-            logits, hs = self.fast.forward(cache, ids, position_ids, mask, keep=keep, hidden=hidden)
+        fast = self.prefill_fast if keep and self.prefill_fast is not None else self.fast
+        if fast is not None:
+            logits, hs = fast.forward(cache, ids, position_ids, mask, keep=keep, hidden=hidden)
             return ForwardOut(logits=logits, hidden=hs)
         kwargs: dict = {self._cache_kw: cache.hf, "use_cache": True, "logits_to_keep": keep}
         kwargs["position_ids"] = position_ids

@@ -47,6 +47,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         device=args.device,
         trust_remote_code=args.trust_remote_code,
         compile=args.compile,
+        prefill_dtype=args.prefill_dtype,
     )
     target = spec.load()
     draft_lm = spec.load_draft(args.draft_model, target) if any(c.assisted for c in cfgs) else None

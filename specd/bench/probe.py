@@ -34,9 +34,11 @@ class TargetSpec:
     trust_remote_code: bool = False
     #: ``--compile``: the compiled decode step, as :meth:`specd.Target.compile` takes it
     compile: str = "auto"
+    #: ``--prefill-dtype``
+    prefill_dtype: str | None = None
 
     def load(self):
-        from ..models import load_target
+        from ..models import load_target, parse_dtype
 
         target = load_target(
             self.model,
@@ -44,6 +46,8 @@ class TargetSpec:
             device=self.device,
             trust_remote_code=self.trust_remote_code,
         )
+        if self.prefill_dtype:
+            target.set_prefill_dtype(parse_dtype(self.prefill_dtype))
         target.compile(self.compile)
         return target
 
