@@ -19,10 +19,11 @@ VOCAB = 40
 
 
 def targets(
-    backend: str, layers: int = 2, dtype: torch.dtype = torch.float64
+    backend: str, layers: int = 2, dtype: torch.dtype = torch.float64, device: str = "cpu"
 ) -> tuple[Target, Target]:
     """The same tiny model served eager and with a compiled step."""
     model = tiny_model(VOCAB, num_layers=layers, seed=5, logit_scale=8.0, dtype=dtype)
+    model = model.to(device)
     eager = Target(model, CharTokenizer(VOCAB))
     compiled = Target(model, CharTokenizer(VOCAB))
     step = compiled.compile("on", backend=backend)
@@ -99,6 +100,18 @@ def test_inductor_step_equals_the_eager_step():
     assert compiled.compiled.compile_s is not None
     assert replay_session(eager, compiled, seed=7, steps=8, tol=1e-5) == 8
     assert compiled.compiled.ready, compiled.compiled.reason
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (scripts/gpu_bench.sh)")
+def test_cuda_graph_step_equals_the_eager_step():
+    """The captured graphs replay what the eager step computes, on every path the static
+    test above covers on CPU, and keep greedy output identical through the engine."""
+    eager, compiled = targets("cudagraph", dtype=torch.float32, device="cuda")
+    assert replay_session(eager, compiled, seed=11, steps=16, tol=1e-4) == 16
+    params = SamplingParams(max_tokens=40)
+    plain = Engine(eager, drafter="none").generate("abcabcabd abcab", params)
+    out = Engine(compiled, drafter="ngram").generate("abcabcabd abcab", params)
+    assert out.token_ids == plain.token_ids
 
 
 def test_a_failed_compile_falls_back_to_eager_with_the_reason_logged(monkeypatch, caplog):
