@@ -70,6 +70,13 @@ class _GrowingLayer(DynamicLayer):
         self._views()
         return self.keys, self.values
 
+    def reserve(self, needed: int) -> None:
+        """Room for ``needed`` positions without growing step by step."""
+        if self.is_initialized:
+            self._reserve(needed)
+        else:
+            self._capacity = max(self._capacity, needed)
+
     def buffers(self, needed: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The whole key and value buffers ``[B, H, capacity, D]``, grown to hold
         ``needed`` positions, for a step that writes into them itself (then :meth:`advance`)."""
@@ -135,6 +142,12 @@ class KVCache:
     def layer(self, i: int) -> _GrowingLayer:
         """Layer ``i``'s keys and values; ``update(k, v)`` appends and returns the live views."""
         return self._layers[i]
+
+    def reserve(self, needed: int) -> None:
+        """Room for ``needed`` positions in every layer, allocated once (a prompt about to
+        be prefilled), instead of doubling buffers and copying them chunk by chunk."""
+        for layer in self._layers:
+            layer.reserve(needed)
 
     def buffers(self, needed: int) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
         """Every layer's whole key and value buffers ``[B, H, capacity, D]``, with room for

@@ -147,6 +147,8 @@ class Target:
         :param stop: checked before each chunk; a non-empty answer ends the prefill there.
         :returns: ``stop``'s answer when it ended the prefill early, else "".
         """
+        # One allocation for the prompt and a first stretch of decoding.
+        cache.reserve(cache.length + len(tokens) + PREFILL_CHUNK)
         for start in range(0, len(tokens), PREFILL_CHUNK):
             why = stop() if stop is not None else ""
             if why:
