@@ -124,15 +124,18 @@ class CompiledStep:
                 cache = new_cache()
                 ids = torch.arange(4, device=self.device)[None] % self.fast.embed.shape[0]
                 self.fast.forward(cache, ids, torch.arange(4, device=self.device)[None], None)
-                # one token, then several (a chain with its mask): every graph compiled here
-                for n in (1, 2):
+                # One token, then several (a chain with its mask): every graph compiled
+                # here. Then one and three more, refusing recompiles, as serving will: a
+                # guard the scratch inputs happened to pass fails here, not mid-request.
+                for n, recompile in ((1, True), (2, True), (1, False), (3, False)):
                     base = cache.length
-                    tokens = ids[:, :n]
+                    tokens = ids[:, :n].clone()  # contiguous, like a request's ids
                     pos = torch.arange(base, base + n, device=self.device)[None]
-                    if self._run(cache, tokens, pos, None, allow_recompile=True) is None:
+                    if self._run(cache, tokens, pos, None, allow_recompile=recompile) is None:
                         raise RuntimeError(self.reason or "the compiled step did not run")
         except Exception as e:  # compile errors come in every type
-            self._fail(f"{type(e).__name__}: {e}")
+            if self.state != "failed":  # not logged yet
+                self._fail(f"{type(e).__name__}: {e}")
             return
         self.compile_s = time.perf_counter() - t0
         self.state = "ready"
@@ -206,7 +209,7 @@ class CompiledStep:
         stance = "default" if allow_recompile else "fail_on_recompile"
         try:
             with torch.compiler.set_stance(stance):
-                return self._compiled(ids, cos, sin, write, buffers, past + t, full)
+                return self._compiled(ids.contiguous(), cos, sin, write, buffers, past + t, full)
         except Exception as e:  # a recompile refused while serving, or a failed compile
             self._fail(f"{type(e).__name__}: {e}")
             return None
