@@ -129,7 +129,7 @@ class CompiledStep:
                 # guard the scratch inputs happened to pass fails here, not mid-request.
                 for n, recompile in ((1, True), (2, True), (1, False), (3, False)):
                     base = cache.length
-                    tokens = ids[:, :n].clone()  # contiguous, like a request's ids
+                    tokens = ids[:, :n]  # a view: its strides differ from a request's
                     pos = torch.arange(base, base + n, device=self.device)[None]
                     if self._run(cache, tokens, pos, None, allow_recompile=recompile) is None:
                         raise RuntimeError(self.reason or "the compiled step did not run")
@@ -209,7 +209,10 @@ class CompiledStep:
         stance = "default" if allow_recompile else "fail_on_recompile"
         try:
             with torch.compiler.set_stance(stance):
-                return self._compiled(ids.contiguous(), cos, sin, write, buffers, past + t, full)
+                # Fresh strides: a [1, 1] view of a longer row keeps its row stride, and the
+                # graph guards on it.
+                ids = ids.new_empty((1, t)).copy_(ids)
+                return self._compiled(ids, cos, sin, write, buffers, past + t, full)
         except Exception as e:  # a recompile refused while serving, or a failed compile
             self._fail(f"{type(e).__name__}: {e}")
             return None

@@ -10,6 +10,7 @@ of tensor operations per layer. It is used for the architectures listed in
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,17 +112,23 @@ class FastDecoder:
                     wd=w(m.down_proj.weight),
                 )
             )
-        # Which matrix product streams weights fastest depends on device and dtype.
-        self._weight_major = self.embed.device.type == "cpu" and self.embed.dtype == torch.float32
+        # Which matrix product streams weights fastest depends on the CPU, its threads and
+        # the dtype: measured here, once.
+        self._weight_major = (
+            self.embed.device.type == "cpu"
+            and self.embed.dtype == torch.float32
+            and _weight_major_is_faster([w for L in self.layers for w in (L.wg, L.wu, L.wd)])
+        )
 
     def _linear(
         self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None
     ) -> torch.Tensor:
         """``x @ w.T + b`` for ``x`` of shape ``[..., K]``.
 
-        On CPU in float32, a product with a handful of rows is much faster computed as
-        ``w @ x.T`` (MKL streams the weight at ~29 GB/s instead of ~6-10 GB/s with
-        ``F.linear``), with one row padded to two.
+        On some CPUs in float32, a product with a handful of rows is much faster computed
+        as ``w @ x.T`` (MKL streamed the weight at ~29 GB/s instead of ~6-10 GB/s with
+        ``F.linear`` on one machine), with one row padded to two; on others it is slower.
+        Which one runs is measured when the decoder is built.
         """
         if not self._weight_major:
             return F.linear(x, w, b)
@@ -255,3 +262,29 @@ class FastDecoder:
     def _lm_head(self, x: torch.Tensor) -> torch.Tensor:
         """Logits ``[T, V]`` from final hidden states ``[T, H]``."""
         return self._linear(x, self.lm_head, self.lm_head_bias)
+
+
+@torch.inference_mode()
+def _weight_major_is_faster(weights: list[torch.Tensor], repeats: int = 2) -> bool:
+    """Whether ``(w @ x.T).T`` beats ``F.linear(x, w)`` for one row (padded to two) and
+    four rows of ``x``, over ``weights`` (more bytes than the caches hold, so the weights
+    stream from memory as in a step).
+
+    On one machine (an AMD EPYC, two threads) ``F.linear`` with a few rows streamed the
+    weights at a third of the speed of ``w @ x.T``; on another (an Intel Xeon, one thread)
+    it was the other way round, by 2x. The faster of ``repeats`` passes of each decides.
+    """
+    total = {True: 0.0, False: 0.0}
+    for n in (1, 4):
+        xs = {k: torch.randn(n, k, dtype=weights[0].dtype) for k in {w.shape[1] for w in weights}}
+        padded = {k: torch.cat([x, x]) if n == 1 else x for k, x in xs.items()}
+        for major in (True, False):
+            best = float("inf")
+            for _ in range(repeats):
+                t = time.perf_counter()
+                for w in weights:
+                    k = w.shape[1]
+                    _ = w @ padded[k].T if major else F.linear(xs[k], w)
+                best = min(best, time.perf_counter() - t)
+            total[major] += best
+    return total[True] < total[False]
