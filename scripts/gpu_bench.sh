@@ -14,7 +14,10 @@
 #   scripts/gpu_bench.sh receive part-aa   there, once per part (carry gpu-carry/part-aa,
 #                                          then gpu-carry/part-ab): keep it in /tmp/specd-gpu
 #   scripts/gpu_bench.sh run               there (carry gpu-carry/base): install specd,
-#                                          rebuild the model, run the benchmarks into $OUT
+#                                          rebuild the model, run the identity tests and
+#                                          the benchmarks into $OUT
+#   scripts/gpu_bench.sh collect DIR        here: copy what came back (DIR: the run's
+#                                          files_at) into docs/benchmarks-gpu/DATE/
 #
 # Each call must reach the machine while it is still warm from the previous one, or the
 # staged parts are gone; `run` then says so and stops.
@@ -25,8 +28,15 @@
 # weights — floor, step and plain-decoding figures hold; acceptance and the speedups of
 # speculation then mean nothing).
 #
-# What comes back (at most 8 files): editor-bf16.{json,md,png}, editor-f32.{json,md} (the
-# token-identical rate in float32), env.txt (GPU, driver, versions, plugins) and log.txt.
+# The compiled step is on (--compile on: CUDA graphs, one per cache buffer and padded draft
+# size); COMPILE=off measures eager instead. Each step has its own time limit, so the whole
+# run stays under 10 minutes: identity tests 120 s, bfloat16 bench 240 s, float32 bench
+# 180 s.
+#
+# What comes back (at most 9 files): identity.txt (the compiled step against the eager one
+# and greedy identity, pytest on CUDA), editor-bf16.{json,md,png}, editor-f32.{json,md}
+# (the token-identical rate in float32), env.txt (GPU, driver, versions, plugins) and
+# log.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -46,6 +56,13 @@ prepare() {
     find "$model_dir" -maxdepth 1 -type f ! -name '*.safetensors' -exec cp {} "$CARRY/base/model/" \;
     version=$(python -c "import importlib.metadata as m; print(m.version('gguf'))")
     python -m pip download -q --no-deps --only-binary=:all: -d "$CARRY/base" "gguf==$version"
+    # pytest and what the identity tests import, pure-Python wheels of the versions here
+    mkdir -p "$CARRY/base/test"
+    local pkg
+    for pkg in pytest iniconfig hypothesis sortedcontainers attrs packaging; do
+        version=$(python -c "import importlib.metadata as m; print(m.version('$pkg'))")
+        python -m pip download -q --no-deps --only-binary=:all: -d "$CARRY/base/test" "$pkg==$version"
+    done
     echo "staged in $CARRY/:"
     du -sh "$CARRY"/*
     echo "then, on one warm machine: receive part-aa (carry $CARRY/part-aa)," \
@@ -62,7 +79,9 @@ receive() {
 install() {
     python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile \
         --target "$STAGE/site" "$CARRY"/base/*.whl . >/dev/null
-    export PYTHONPATH="$STAGE/site${PYTHONPATH:+:$PYTHONPATH}"
+    python3 -m pip install -q --no-index --no-deps --no-compile --target "$STAGE/test-site" \
+        "$CARRY"/base/test/*.whl >/dev/null
+    export PYTHONPATH="$STAGE/site:$STAGE/test-site${PYTHONPATH:+:$PYTHONPATH}"
     export SPECD_CACHE_DIR="$STAGE/cache" HF_HUB_OFFLINE=1 TRANSFORMERS_VERBOSITY=error
 }
 
@@ -127,20 +146,38 @@ run() {
     elif [ "$model" = smollm2-135m ]; then
         rebuild_model
     fi
+    # The compiled step against the eager one, and greedy identity, on this GPU. The
+    # tests import specd from the installed copy (the checkout's root is not on the path).
+    (cd tests && timeout 120 python3 -m pytest -q -p no:cacheprovider -o addopts= \
+        -m "not compile" --rootdir=. test_compiled.py test_engine_exact.py) \
+        >"$OUT/identity.txt" 2>&1 || echo "gpu_bench: identity tests failed, see identity.txt" >&2
     local common=(--workload editor --limit "$limit" --device "$device" --model "$model"
-        --rss inprocess --no-progress)
+        --rss inprocess --no-progress --compile "${COMPILE:-on}")
     if [ -n "${CONFIGS:-}" ]; then common+=(--configs "$CONFIGS"); fi
     {
-        python3 -m specd.cli bench "${common[@]}" --dtype bfloat16 --json "$OUT/editor-bf16.json" \
-            --markdown "$OUT/editor-bf16.md" --plot "$OUT/editor-bf16.png"
-        python3 -m specd.cli bench "${common[@]}" --dtype float32 --json "$OUT/editor-f32.json" \
-            --markdown "$OUT/editor-f32.md" --no-prefix
+        timeout 240 python3 -m specd.cli bench "${common[@]}" --dtype bfloat16 \
+            --json "$OUT/editor-bf16.json" --markdown "$OUT/editor-bf16.md" \
+            --plot "$OUT/editor-bf16.png"
+        timeout 180 python3 -m specd.cli bench "${common[@]}" --dtype float32 \
+            --json "$OUT/editor-f32.json" --markdown "$OUT/editor-f32.md" --no-prefix
     } 2>&1 | tee "$OUT/log.txt"
+}
+
+# What a run brought back, into the repository (docs/benchmarks-gpu/DATE/).
+collect() {
+    local from=${1:?usage: gpu_bench.sh collect DIR}
+    local to
+    to="docs/benchmarks-gpu/$(date -u +%Y-%m-%d)"
+    mkdir -p "$to"
+    cp "$from"/* "$to"/
+    echo "copied into $to:"
+    ls "$to"
 }
 
 case "${1:-}" in
     prepare) prepare ;;
     receive) shift; receive "$@" ;;
     run) run ;;
-    *) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    collect) shift; collect "$@" ;;
+    *) sed -n '2,39p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

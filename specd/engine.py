@@ -113,17 +113,26 @@ class Engine:
         dtype: str | None = None,
         device: str | None = None,
         trust_remote_code: bool = False,
+        compile: str = "auto",
+        prefill_dtype: str | None = None,
         **engine_options: Any,
     ) -> Engine:
         """Load a model offline and build an engine around it.
 
         :param model: as ``--model`` takes it (default: SmolLM2-135M-Instruct); see
             :func:`specd.models.load_target`.
+        :param compile: the compiled decode step: ``auto``, ``off``, ``on`` or
+            ``background`` (see :meth:`specd.Target.compile`).
+        :param prefill_dtype: run prefill in this dtype (see
+            :meth:`specd.Target.set_prefill_dtype`).
         :param engine_options: the keyword arguments of :class:`Engine`.
         """
-        from .models import load_target
+        from .models import load_target, parse_dtype
 
+        prefill = parse_dtype(prefill_dtype) if prefill_dtype else None  # fail before loading
         target = load_target(model, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
+        target.set_prefill_dtype(prefill)
+        target.compile(compile)
         return cls(target, **engine_options)
 
     # -- public API ---------------------------------------------------------------------

@@ -10,6 +10,7 @@ of tensor operations per layer. It is used for the architectures listed in
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,53 +64,71 @@ def supports(model: Any) -> bool:
 class FastDecoder:
     """Runs a supported model over new tokens on top of a :class:`KVCache`."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, dtype: torch.dtype | None = None) -> None:
+        """:param dtype: run in this dtype, on copies of the weights (default: the model's
+        own weights, as they are)."""
         decoder = model.get_decoder()
         cfg = model.config
+        copies: dict[int, torch.Tensor] = {}
+
+        def w(t: torch.Tensor | None) -> Any:
+            if t is None or dtype is None or t.dtype == dtype:
+                return t
+            if t.data_ptr() not in copies:  # tied weights: one copy
+                copies[t.data_ptr()] = t.detach().to(dtype)
+            return copies[t.data_ptr()]
+
         self.rotary = decoder.rotary_emb
-        self.embed = decoder.embed_tokens.weight
-        self.norm = decoder.norm.weight
+        self.embed = w(decoder.embed_tokens.weight)
+        self.norm = w(decoder.norm.weight)
         self.eps = float(decoder.norm.variance_epsilon)
-        self.lm_head = model.get_output_embeddings().weight
-        self.lm_head_bias = getattr(model.get_output_embeddings(), "bias", None)
+        self.lm_head = w(model.get_output_embeddings().weight)
+        self.lm_head_bias = w(getattr(model.get_output_embeddings(), "bias", None))
         first = decoder.layers[0].self_attn
         self.head_dim = int(first.head_dim)
         self.n_heads = int(cfg.num_attention_heads)
         self.n_kv = int(getattr(cfg, "num_key_value_heads", None) or self.n_heads)
         self.scaling = float(first.scaling)
-        # The model's own parameters are used as they are (no copies: weights loaded from
-        # safetensors stay memory-mapped, and resident memory holds them once).
+        # Without a dtype, the model's own parameters are used as they are (no copies:
+        # weights loaded from safetensors stay memory-mapped, and resident memory holds
+        # them once).
         self.layers = []
         for block in decoder.layers:
             a, m = block.self_attn, block.mlp
             self.layers.append(
                 _Layer(
-                    ln1=block.input_layernorm.weight,
-                    ln2=block.post_attention_layernorm.weight,
-                    wq=a.q_proj.weight,
-                    bq=a.q_proj.bias,
-                    wk=a.k_proj.weight,
-                    bk=a.k_proj.bias,
-                    wv=a.v_proj.weight,
-                    bv=a.v_proj.bias,
-                    wo=a.o_proj.weight,
-                    bo=a.o_proj.bias,
-                    wg=m.gate_proj.weight,
-                    wu=m.up_proj.weight,
-                    wd=m.down_proj.weight,
+                    ln1=w(block.input_layernorm.weight),
+                    ln2=w(block.post_attention_layernorm.weight),
+                    wq=w(a.q_proj.weight),
+                    bq=w(a.q_proj.bias),
+                    wk=w(a.k_proj.weight),
+                    bk=w(a.k_proj.bias),
+                    wv=w(a.v_proj.weight),
+                    bv=w(a.v_proj.bias),
+                    wo=w(a.o_proj.weight),
+                    bo=w(a.o_proj.bias),
+                    wg=w(m.gate_proj.weight),
+                    wu=w(m.up_proj.weight),
+                    wd=w(m.down_proj.weight),
                 )
             )
-        # Which matrix product streams weights fastest depends on device and dtype.
-        self._weight_major = self.embed.device.type == "cpu" and self.embed.dtype == torch.float32
+        # Which matrix product streams weights fastest depends on the CPU, its threads and
+        # the dtype: measured here, once.
+        self._weight_major = (
+            self.embed.device.type == "cpu"
+            and self.embed.dtype == torch.float32
+            and _weight_major_is_faster([w for L in self.layers for w in (L.wg, L.wu, L.wd)])
+        )
 
     def _linear(
         self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None
     ) -> torch.Tensor:
         """``x @ w.T + b`` for ``x`` of shape ``[..., K]``.
 
-        On CPU in float32, a product with a handful of rows is much faster computed as
-        ``w @ x.T`` (MKL streams the weight at ~29 GB/s instead of ~6-10 GB/s with
-        ``F.linear``), with one row padded to two.
+        On some CPUs in float32, a product with a handful of rows is much faster computed
+        as ``w @ x.T`` (MKL streamed the weight at ~29 GB/s instead of ~6-10 GB/s with
+        ``F.linear`` on one machine), with one row padded to two; on others it is slower.
+        Which one runs is measured when the decoder is built.
         """
         if not self._weight_major:
             return F.linear(x, w, b)
@@ -149,51 +168,123 @@ class FastDecoder:
         :returns: logits ``[T', V]`` and, when asked, the last layer's output ``[T, H]``."""
         t = ids.shape[1]
         h = F.embedding(ids, self.embed)  # [1, T, H]
-        cos, sin = self.rotary(h, position_ids)  # [1, T, D]
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-        half = self.head_dim // 2
+        cos, sin = self.rotary_tables(h, position_ids)
         past = cache.length
         n_rep = self.n_heads // self.n_kv
         causal_from_zero = mask is None and t > 1 and past == 0
         if mask is None and t > 1 and past > 0:
-            causal = torch.ones(t, past + t, dtype=torch.bool, device=h.device).tril_(past)
-            mask = causal[None, None]
-        if mask is not None and n_rep > 1:
-            # Grouped-query attention runs on the key/value heads: the n_rep query heads
-            # of a group become n_rep * T query rows (much faster than repeating keys and
-            # values, notably in bfloat16 on CPU), so the mask is tiled to match.
-            mask = mask.repeat(1, 1, n_rep, 1)
+            # Additive, in the activations' dtype, built once per pass: a boolean mask would
+            # be converted by every layer's attention call.
+            blocked = torch.ones(t, past + t, dtype=torch.bool, device=h.device).triu_(past + 1)
+            mask = torch.zeros(t, past + t, dtype=h.dtype, device=h.device)
+            mask = mask.masked_fill_(blocked, torch.finfo(h.dtype).min)[None, None]
+        if mask is not None:
+            mask = self.pack_mask(mask)
         for i, L in enumerate(self.layers[:layers]):
-            x = self._rms(h, L.ln1)
-            q = self._linear(x, L.wq, L.bq)
-            k = self._linear(x, L.wk, L.bk)
-            v = self._linear(x, L.wv, L.bv)
-            q = q.view(1, t, self.n_heads, self.head_dim).transpose(1, 2)
-            k = k.view(1, t, self.n_kv, self.head_dim).transpose(1, 2)
-            v = v.view(1, t, self.n_kv, self.head_dim).transpose(1, 2)
-            # rotary: x * cos + rotate_half(x) * sin
-            q = q * cos + torch.cat((-q[..., half:], q[..., :half]), dim=-1) * sin
-            k = k * cos + torch.cat((-k[..., half:], k[..., :half]), dim=-1) * sin
+            q, k, v = self.qkv(L, h, cos, sin)
             keys, values = cache.layer(i).update(k, v)  # [1, KV, S, D]
             if causal_from_zero:
                 o = F.scaled_dot_product_attention(
-                    q, keys, values, is_causal=True, scale=self.scaling, enable_gqa=n_rep > 1
+                    q,
+                    keys.to(q.dtype),
+                    values.to(q.dtype),
+                    is_causal=True,
+                    scale=self.scaling,
+                    enable_gqa=n_rep > 1,
                 )
             else:
-                packed = q.reshape(1, self.n_kv, n_rep * t, self.head_dim)  # [1, KV, R*T, D]
-                o = F.scaled_dot_product_attention(
-                    packed, keys, values, attn_mask=mask, scale=self.scaling
-                )
-                o = o.view(1, self.n_heads, t, self.head_dim)
-            o = o.transpose(1, 2).reshape(1, t, self.n_heads * self.head_dim)
-            h = h + self._linear(o, L.wo, L.bo)
-            x = self._rms(h, L.ln2)
-            h = h + self._linear(F.silu(self._linear(x, L.wg)) * self._linear(x, L.wu), L.wd)
+                o = self.attend(q, keys, values, mask)
+            h = self.mlp(L, h, o)
         out = self._rms(h, self.norm)
         if keep:
             out = out[:, -keep:]
         return self._lm_head(out[0]), (h[0] if hidden else None)
 
+    # One decoder layer, in the parts a compiled step (specd.compiled) shares: the cache
+    # write between qkv and attend is the caller's.
+
+    def qkv(
+        self, L: _Layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries ``[1, heads, T, D]``, keys and values ``[1, KV, T, D]`` of ``h`` ``[1, T, H]``,
+        rotated by ``cos``/``sin`` ``[1, 1, T, D]``."""
+        t = h.shape[1]
+        half = self.head_dim // 2
+        x = self._rms(h, L.ln1)
+        q = self._linear(x, L.wq, L.bq).view(1, t, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self._linear(x, L.wk, L.bk).view(1, t, self.n_kv, self.head_dim).transpose(1, 2)
+        v = self._linear(x, L.wv, L.bv).view(1, t, self.n_kv, self.head_dim).transpose(1, 2)
+        # rotary: x * cos + rotate_half(x) * sin
+        q = q * cos + torch.cat((-q[..., half:], q[..., :half]), dim=-1) * sin
+        k = k * cos + torch.cat((-k[..., half:], k[..., :half]), dim=-1) * sin
+        return q, k, v
+
+    def pack_mask(self, mask: torch.Tensor) -> torch.Tensor:
+        """A mask ``[1, 1, T, S]`` for :meth:`attend`'s packed rows: ``[1, 1, R*T, S]``."""
+        n_rep = self.n_heads // self.n_kv
+        return mask.repeat(1, 1, n_rep, 1) if n_rep > 1 else mask
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Attention of ``q`` ``[1, heads, T, D]`` over ``keys``/``values`` ``[1, KV, S, D]``
+        with a packed additive ``mask`` (:meth:`pack_mask`; None: every row sees every key).
+
+        Grouped-query attention runs on the key/value heads: the n_rep query heads of a
+        group become n_rep * T query rows (much faster than repeating keys and values,
+        notably in bfloat16 on CPU).
+        :returns: ``[1, heads, T, D]``."""
+        t = q.shape[2]
+        n_rep = self.n_heads // self.n_kv
+        packed = q.reshape(1, self.n_kv, n_rep * t, self.head_dim)  # [1, KV, R*T, D]
+        keys, values = keys.to(q.dtype), values.to(q.dtype)
+        o = F.scaled_dot_product_attention(packed, keys, values, attn_mask=mask, scale=self.scaling)
+        return o.view(1, self.n_heads, t, self.head_dim)
+
+    def mlp(self, L: _Layer, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+        """The rest of the layer: output projection of attention ``o`` ``[1, heads, T, D]``,
+        residual, the MLP and its residual. :returns: ``[1, T, H]``."""
+        t = h.shape[1]
+        o = o.transpose(1, 2).reshape(1, t, self.n_heads * self.head_dim)
+        h = h + self._linear(o, L.wo, L.bo)
+        x = self._rms(h, L.ln2)
+        return h + self._linear(F.silu(self._linear(x, L.wg)) * self._linear(x, L.wu), L.wd)
+
+    def rotary_tables(self, h: torch.Tensor, position_ids: torch.Tensor):
+        """cos and sin ``[1, 1, T, D]`` for ``position_ids`` ``[1, T]``."""
+        cos, sin = self.rotary(h, position_ids)  # [1, T, D]
+        return cos.unsqueeze(1), sin.unsqueeze(1)
+
     def _lm_head(self, x: torch.Tensor) -> torch.Tensor:
         """Logits ``[T, V]`` from final hidden states ``[T, H]``."""
         return self._linear(x, self.lm_head, self.lm_head_bias)
+
+
+@torch.inference_mode()
+def _weight_major_is_faster(weights: list[torch.Tensor], repeats: int = 2) -> bool:
+    """Whether ``(w @ x.T).T`` beats ``F.linear(x, w)`` for one row (padded to two) and
+    four rows of ``x``, over ``weights`` (more bytes than the caches hold, so the weights
+    stream from memory as in a step).
+
+    On one machine (an AMD EPYC, two threads) ``F.linear`` with a few rows streamed the
+    weights at a third of the speed of ``w @ x.T``; on another (an Intel Xeon, one thread)
+    it was the other way round, by 2x. The faster of ``repeats`` passes of each decides.
+    """
+    total = {True: 0.0, False: 0.0}
+    for n in (1, 4):
+        xs = {k: torch.randn(n, k, dtype=weights[0].dtype) for k in {w.shape[1] for w in weights}}
+        padded = {k: torch.cat([x, x]) if n == 1 else x for k, x in xs.items()}
+        for major in (True, False):
+            best = float("inf")
+            for _ in range(repeats):
+                t = time.perf_counter()
+                for w in weights:
+                    k = w.shape[1]
+                    _ = w @ padded[k].T if major else F.linear(xs[k], w)
+                best = min(best, time.perf_counter() - t)
+            total[major] += best
+    return total[True] < total[False]

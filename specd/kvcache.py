@@ -18,9 +18,10 @@ class _GrowingLayer(DynamicLayer):
     """One layer's keys and values in a buffer ``[B, H, capacity, D]`` of which the first
     ``length`` positions are live."""
 
-    def __init__(self, capacity: int = 256) -> None:
+    def __init__(self, capacity: int = 256, dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self._capacity = capacity
+        self._dtype = dtype
         self._k: torch.Tensor | None = None
         self._v: torch.Tensor | None = None
         self.length = 0
@@ -28,8 +29,13 @@ class _GrowingLayer(DynamicLayer):
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device
         b, h, _, d = key_states.shape
-        self._k = key_states.new_empty((b, h, self._capacity, d))
-        self._v = value_states.new_empty((b, h, self._capacity, value_states.shape[-1]))
+        # Zeros, not garbage: a compiled step may attend over positions it masks out, and a
+        # masked NaN still poisons the sum (0 * NaN).
+        dtype = self._dtype or key_states.dtype
+        self._k = key_states.new_zeros((b, h, self._capacity, d), dtype=dtype)
+        self._v = value_states.new_zeros(
+            (b, h, self._capacity, value_states.shape[-1]), dtype=dtype
+        )
         self.length = 0
         self._views()
         self.is_initialized = True
@@ -47,7 +53,7 @@ class _GrowingLayer(DynamicLayer):
         new_cap = max(needed, 2 * cap)
         for name in ("_k", "_v"):
             old = getattr(self, name)
-            new = old.new_empty((old.shape[0], old.shape[1], new_cap, old.shape[3]))
+            new = old.new_zeros((old.shape[0], old.shape[1], new_cap, old.shape[3]))
             new[:, :, : self.length] = old[:, :, : self.length]
             setattr(self, name, new)
 
@@ -57,11 +63,31 @@ class _GrowingLayer(DynamicLayer):
         n = key_states.shape[2]
         self._reserve(self.length + n)
         assert self._k is not None and self._v is not None
+        # Stored in the buffer's dtype (a bfloat16 prefill fills a float32 cache).
         self._k[:, :, self.length : self.length + n] = key_states
         self._v[:, :, self.length : self.length + n] = value_states
         self.length += n
         self._views()
         return self.keys, self.values
+
+    def reserve(self, needed: int) -> None:
+        """Room for ``needed`` positions without growing step by step."""
+        if self.is_initialized:
+            self._reserve(needed)
+        else:
+            self._capacity = max(self._capacity, needed)
+
+    def buffers(self, needed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole key and value buffers ``[B, H, capacity, D]``, grown to hold
+        ``needed`` positions, for a step that writes into them itself (then :meth:`advance`)."""
+        self._reserve(needed)
+        assert self._k is not None and self._v is not None
+        return self._k, self._v
+
+    def advance(self, n: int) -> None:
+        """Count ``n`` positions written into :meth:`buffers` after the live ones."""
+        self.length += n
+        self._views()
 
     def get_seq_length(self) -> int:
         return self.length
@@ -104,8 +130,11 @@ class _GrowingLayer(DynamicLayer):
 class KVCache:
     """The KV cache of one sequence: what the target has seen, and nothing more."""
 
-    def __init__(self, num_layers: int, capacity: int = 256) -> None:
-        self._layers = [_GrowingLayer(capacity) for _ in range(num_layers)]
+    def __init__(
+        self, num_layers: int, capacity: int = 256, dtype: torch.dtype | None = None
+    ) -> None:
+        """:param dtype: what keys and values are stored as (default: as the first written)."""
+        self._layers = [_GrowingLayer(capacity, dtype) for _ in range(num_layers)]
         self.hf = DynamicCache()
         self.hf.layers = list(self._layers)
         self.hf.layer_class_to_replicate = None
@@ -113,6 +142,30 @@ class KVCache:
     def layer(self, i: int) -> _GrowingLayer:
         """Layer ``i``'s keys and values; ``update(k, v)`` appends and returns the live views."""
         return self._layers[i]
+
+    def reserve(self, needed: int) -> None:
+        """Room for ``needed`` positions in every layer, allocated once (a prompt about to
+        be prefilled), instead of doubling buffers and copying them chunk by chunk."""
+        for layer in self._layers:
+            layer.reserve(needed)
+
+    def buffers(self, needed: int) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+        """Every layer's whole key and value buffers ``[B, H, capacity, D]``, with room for
+        ``needed`` positions, for a step that writes into them in place; None while the
+        cache has never been written (its shapes are not known yet). Count what the step
+        wrote with :meth:`advance`.
+
+        A buffer stays the same tensor until a step needs more than its capacity, so a
+        captured graph (CUDA) that holds it replays until then.
+        """
+        if not self._layers or not self._layers[0].is_initialized:
+            return None
+        return [layer.buffers(needed) for layer in self._layers]
+
+    def advance(self, n: int) -> None:
+        """Count ``n`` positions written into :meth:`buffers` after the live ones."""
+        for layer in self._layers:
+            layer.advance(n)
 
     @property
     def length(self) -> int:

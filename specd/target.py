@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import logging
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -11,11 +12,19 @@ from typing import Any
 import torch
 
 from . import fastpath
+from .compiled import CompiledStep
+from .errors import BadInputError
 from .fastpath import FastDecoder
 from .kvcache import KVCache
 
+log = logging.getLogger(__name__)
+
 #: Prompt tokens computed per forward pass in prefill, with a stop check between passes.
 PREFILL_CHUNK = 256
+#: ``--compile`` choices.
+COMPILE_MODES = ("auto", "off", "on", "background")
+#: Positions a cache holds from the start when CUDA graphs replay over it.
+STATIC_CAPACITY = 4096
 
 
 @dataclass
@@ -58,9 +67,64 @@ class Target:
         if fast is None:
             fast = os.environ.get("SPECD_FASTPATH", "1") != "0"
         self.fast = FastDecoder(model) if fast and fastpath.supports(model) else None
+        #: the compiled decode and verify step (:meth:`compile`), None while eager
+        self.compiled: CompiledStep | None = None
+        #: the lean forward prefill runs in another dtype (:meth:`set_prefill_dtype`)
+        self.prefill_fast: FastDecoder | None = None
 
     def new_cache(self, capacity: int = 256) -> KVCache:
-        return KVCache(self.num_layers, capacity=capacity)
+        if self.compiled is not None and self.compiled.backend == "cudagraph":
+            # A captured graph replays only until its cache outgrows the buffer it holds.
+            capacity = max(capacity, min(STATIC_CAPACITY, self.max_positions))
+        return KVCache(self.num_layers, capacity=capacity, dtype=self.dtype)
+
+    def set_prefill_dtype(self, dtype: torch.dtype | None) -> None:
+        """Run prefill in ``dtype`` (e.g. bfloat16, on CPUs with bfloat16 instructions) while
+        decoding stays in the model's dtype: the prompt's keys and values are computed in
+        ``dtype`` and stored in the model's. Faster prompts, not token-identical to plain
+        decoding in the model's dtype; the rate is measured in docs/benchmarks.md.
+
+        :param dtype: None or the model's dtype: prefill as the model runs.
+        """
+        if dtype is None or dtype == self.dtype:
+            self.prefill_fast = None
+            return
+        if self.fast is None:
+            raise BadInputError(
+                f"a prefill dtype needs the lean forward, which {type(self.model).__name__} "
+                "does not have; leave --prefill-dtype unset"
+            )
+        self.prefill_fast = FastDecoder(self.model, dtype=dtype)
+
+    @property
+    def max_positions(self) -> int:
+        cfg = self.config.get_text_config(decoder=True)
+        return int(getattr(cfg, "max_position_embeddings", 0) or 1 << 20)
+
+    def compile(self, mode: str = "on", backend: str | None = None) -> CompiledStep | None:
+        """Compile the decode and verify step (:mod:`specd.compiled`).
+
+        :param mode: ``on`` (compile now; the first passes wait for it), ``background``
+            (compile in a thread while passes run eager), ``off``, or ``auto``: ``on`` on
+            CUDA, where graphs capture in seconds, ``off`` elsewhere, where compiling takes
+            minutes (measured in docs/benchmarks.md).
+        :param backend: see :class:`specd.compiled.CompiledStep` (default: by device).
+        :returns: the compiled step, or None when the model has no lean forward to compile
+            (it then runs its own forward, eager).
+        """
+        if mode not in COMPILE_MODES:
+            raise BadInputError(f"compile mode must be one of {COMPILE_MODES}, got {mode!r}")
+        if mode == "auto":
+            mode = "on" if self.device.type == "cuda" else "off"
+        if mode == "off" or self.fast is None:
+            if mode != "off":
+                log.warning("compiled step off: %s has no lean forward", type(self.model).__name__)
+            self.compiled = None
+            return None
+        if self.compiled is None:
+            self.compiled = CompiledStep(self.fast, backend)
+            self.compiled.prepare(self.new_cache, background=mode == "background")
+        return self.compiled
 
     def weight_bytes(self) -> int:
         """Bytes of parameters read by one forward step (tied weights counted once)."""
@@ -83,6 +147,8 @@ class Target:
         :param stop: checked before each chunk; a non-empty answer ends the prefill there.
         :returns: ``stop``'s answer when it ended the prefill early, else "".
         """
+        # One allocation for the prompt and a first stretch of decoding.
+        cache.reserve(cache.length + len(tokens) + PREFILL_CHUNK)
         for start in range(0, len(tokens), PREFILL_CHUNK):
             why = stop() if stop is not None else ""
             if why:
@@ -98,12 +164,14 @@ class Target:
         parents: Sequence[int] | None = None,
         *,
         hidden: bool = False,
+        eager: bool = False,
     ) -> ForwardOut:
         """Run the model over ``tokens`` (a chain, or a tree when ``parents`` is given).
 
+        :param eager: never the compiled step (to compare against it).
         :returns: logits ``[T, V]`` for every fed token, and the last hidden states when asked.
         """
-        return self._run(cache, list(tokens), parents, keep=0, hidden=hidden)
+        return self._run(cache, list(tokens), parents, keep=0, hidden=hidden, eager=eager)
 
     @torch.inference_mode()
     def forward_early(self, cache: KVCache, tokens: Sequence[int], layers: int) -> torch.Tensor:
@@ -171,6 +239,7 @@ class Target:
         *,
         keep: int,
         hidden: bool = False,
+        eager: bool = False,
     ) -> ForwardOut:
         past = cache.length
         n = len(tokens)
@@ -181,8 +250,13 @@ class Target:
             position_ids = (past + depth).unsqueeze(0)
         else:
             position_ids = torch.arange(past, past + n, device=self.device).unsqueeze(0)
-        if self.fast is not None:
-            logits, hs = self.fast.forward(cache, ids, position_ids, mask, keep=keep, hidden=hidden)
+        if self.compiled is not None and not eager and not keep:
+            out = self.compiled.run(cache, ids, position_ids, mask)
+            if out is not None:
+                return ForwardOut(logits=out[0], hidden=out[1] if hidden else None)
+        fast = self.prefill_fast if keep and self.prefill_fast is not None else self.fast
+        if fast is not None:
+            logits, hs = fast.forward(cache, ids, position_ids, mask, keep=keep, hidden=hidden)
             return ForwardOut(logits=logits, hidden=hs)
         kwargs: dict = {self._cache_kw: cache.hf, "use_cache": True, "logits_to_keep": keep}
         kwargs["position_ids"] = position_ids

@@ -137,3 +137,42 @@ def test_unsupported_models_use_their_own_forward():
     with torch.inference_mode():
         want = model(torch.tensor([[1, 2, 3, 4]])).logits[0, -1]
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_bfloat16_prefill_fills_a_float32_cache_that_decoding_reads():
+    """A bfloat16 prefill computes the prompt's keys in bfloat16 and stores them in the
+    float32 cache that the float32 decode reads. Guards against the option being ignored
+    (keys equal to a float32 prefill's) and against a cache left in bfloat16 (the decode
+    would then run on rounded keys of its own tokens too)."""
+    model = tiny_model(VOCAB, num_layers=2, seed=4, dtype=torch.float32)
+    plain = Target(model, CharTokenizer(VOCAB))
+    mixed = Target(model, CharTokenizer(VOCAB))
+    mixed.set_prefill_dtype(torch.bfloat16)
+    assert mixed.prefill_fast is not None and mixed.prefill_fast.embed.dtype == torch.bfloat16
+    prompt = list(range(1, 40))
+    caches = []
+    for target in (plain, mixed):
+        cache = target.new_cache(capacity=8)
+        target.prefill(cache, prompt)
+        caches.append(cache)
+    k_plain, k_mixed = (c.layer(1).keys for c in caches)
+    assert k_mixed.dtype == torch.float32
+    assert not torch.equal(k_plain, k_mixed)
+    torch.testing.assert_close(k_mixed, k_plain, rtol=0.05, atol=0.05)
+    logits = [t.forward(c, [7, 8]).logits for t, c in zip((plain, mixed), caches)]
+    assert logits[1].dtype == torch.float32
+    torch.testing.assert_close(logits[1], logits[0], rtol=0.05, atol=0.05)
+    # the decode's own keys are float32 arithmetic: equal where the prompt played no part
+    torch.testing.assert_close(
+        caches[1].layer(0).keys[:, :, -2:], caches[0].layer(0).keys[:, :, -2:], rtol=0, atol=0
+    )
+
+
+def test_prefill_dtype_needs_the_lean_forward():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from specd.errors import BadInputError
+
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=4)).eval()
+    with pytest.raises(BadInputError, match="prefill"):
+        Target(model, CharTokenizer(VOCAB)).set_prefill_dtype(torch.bfloat16)

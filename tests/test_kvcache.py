@@ -107,3 +107,26 @@ def test_prefix_cache_byte_cap():
         pc.release(c, [i + 1])
     assert len(pc) == 2
     assert pc.nbytes() <= one.nbytes() * 2
+
+
+def test_prefill_allocates_the_prompt_once():
+    """A long prompt is prefilled into buffers allocated once for it, not doubled and copied
+    chunk by chunk (the per-chunk cost a one-pass prefill does not pay); the buffers are
+    zeros beyond the live positions, which a compiled step attends over masked."""
+    from specd.target import PREFILL_CHUNK
+
+    cache = TARGET.new_cache(capacity=8)
+    TARGET.prefill(cache, [1, 2, 3])
+    seen: list[int] = []
+
+    def record() -> str:
+        seen.append(cache.layer(0)._k.data_ptr())
+        return ""
+
+    prompt = [i % VOCAB for i in range(2 * PREFILL_CHUNK + 10)]
+    TARGET.prefill(cache, prompt, stop=record)
+    assert len(seen) == 3 and len(set(seen)) == 1, "the buffer was reallocated mid-prompt"
+    buffers = cache.buffers(cache.length)
+    assert buffers is not None
+    k, _ = buffers[0]
+    assert k.shape[2] >= cache.length and torch.count_nonzero(k[:, :, cache.length :]) == 0

@@ -46,6 +46,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         device=args.device,
         trust_remote_code=args.trust_remote_code,
+        compile=args.compile,
+        prefill_dtype=args.prefill_dtype,
     )
     target = spec.load()
     draft_lm = spec.load_draft(args.draft_model, target) if any(c.assisted for c in cfgs) else None
@@ -145,6 +147,7 @@ _DEFAULTS = {
     "prefix_prompts": 4,
     "session_lines": session.DEFAULT_BLOCK_LINES,
     "keystroke_ms": session_report.DEFAULT_KEYSTROKE_MS,
+    "compile": "auto",
 }
 
 

@@ -15,7 +15,11 @@ from typing import Any
 
 import torch
 
+from ..kvcache import KVCache
 from ..target import Target
+
+#: Trials of the floor measurement (bandwidth, then steps), of which the median counts.
+TRIALS = 5
 
 
 def copy_bandwidth_gb_s(
@@ -43,19 +47,26 @@ def copy_bandwidth_gb_s(
 
 @torch.inference_mode()
 def decode_step_times(
-    target: Target, context: int = 1024, repeats: int = 20, warmup: int = 3
+    target: Target,
+    context: int = 1024,
+    repeats: int = 20,
+    warmup: int = 3,
+    eager: bool = False,
+    prepared: tuple[KVCache, int] | None = None,
 ) -> list[float]:
-    """Seconds of each of ``repeats`` one-token forwards on top of ``context`` cached tokens."""
-    ctx = min(context, _max_positions(target) - 2)
-    gen = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, target.vocab_size, (ctx + 1,), generator=gen).tolist()
-    cache = target.new_cache(capacity=ctx + 8)
-    target.prefill(cache, tokens[:ctx])
+    """Seconds of each of ``repeats`` one-token forwards on top of ``context`` cached tokens
+    (with ``eager``, without the compiled step even where the target has one).
+
+    :param prepared: a cache already holding the context and the next token, from
+        :func:`prepare` (prefilled here otherwise).
+    """
+    cache, token = prepared or prepare(target, context)
+    ctx = cache.length
     times = []
     for i in range(warmup + repeats):
         _sync(target.device)
         t = time.perf_counter()
-        target.forward(cache, [tokens[ctx]])
+        target.forward(cache, [token], eager=eager)
         _sync(target.device)
         if i >= warmup:
             times.append(time.perf_counter() - t)
@@ -63,29 +74,77 @@ def decode_step_times(
     return times
 
 
-def measure(target: Target, context: int = 1024) -> dict[str, Any]:
-    """The ``floor`` section of the report.
+@torch.inference_mode()
+def prepare(target: Target, context: int) -> tuple[KVCache, int]:
+    """A cache holding ``context`` random tokens (fewer where the model's positions end),
+    and one more token to step with."""
+    ctx = min(context, _max_positions(target) - 2)
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, target.vocab_size, (ctx + 1,), generator=gen).tolist()
+    cache = target.new_cache(capacity=ctx + 8)
+    target.prefill(cache, tokens[:ctx])
+    return cache, tokens[ctx]
 
-    :returns: ``step_s`` (median target one-token step at ``context``), ``floor_s`` (weight
-        bytes ÷ copy bandwidth), ``copy_gb_s``, and for reading them: ``ratio`` (step ÷
-        floor), ``step_min_s`` and ``ratio_min`` (the fastest step),
-        ``weight_bytes``, ``kv_bytes`` (the cache a step also reads at that context) and
-        ``context``.
+
+def measure(
+    target: Target, context: int = 1024, trials: int = TRIALS, repeats: int = 8
+) -> dict[str, Any]:
+    """The ``floor`` section of the report, from ``trials`` trials.
+
+    The copy bandwidth of this (virtual, shared) machine moves by a third between runs, so
+    one reading makes a ratio nobody can repeat. Each trial measures the bandwidth and then
+    ``repeats`` steps right after it, so a trial's ratio pairs figures taken under the same
+    conditions; the report gives the median trial and the spread of the trials. Where the
+    target has a compiled step (:mod:`specd.compiled`), each trial times the eager step too,
+    in the same trial.
+
+    :returns: ``step_s`` (median over trials of each trial's median step), ``floor_s``
+        (weight bytes ÷ the median copy bandwidth), ``copy_gb_s``, ``ratio`` (median of
+        the trials' step ÷ floor), ``ratio_lo`` and ``ratio_hi`` (the least and greatest
+        trial), ``trials`` (each trial's ``copy_gb_s``, ``step_s``, ``ratio``),
+        ``step_min_s`` and ``ratio_min`` (the fastest step of all), ``compiled`` (whether
+        the step timed was the compiled one), ``eager_step_s`` and ``compiled_speedup``
+        (eager ÷ compiled median, None without a compiled step), ``weight_bytes``,
+        ``kv_bytes`` (the cache a step also reads at that context) and ``context``.
     """
-    bw = copy_bandwidth_gb_s(device=target.device)
-    times = decode_step_times(target, context)
-    step = statistics.median(times)
+    if trials < 1:
+        raise ValueError(f"trials must be >= 1, got {trials}")
     weights = target.weight_bytes()
+    compiled = target.compiled is not None and target.compiled.ready
+    rows: list[dict[str, float]] = []
+    all_times: list[float] = []
+    eager: list[float] = []
+    prepared = prepare(target, context)
+    for _ in range(trials):
+        bw = copy_bandwidth_gb_s(repeats=3, device=target.device)
+        times = decode_step_times(target, context, repeats, prepared=prepared)
+        all_times += times
+        step = statistics.median(times)
+        rows.append({"copy_gb_s": bw, "step_s": step, "ratio": step * bw * 1e9 / weights})
+        if compiled:
+            times = decode_step_times(target, context, repeats, eager=True, prepared=prepared)
+            eager.append(statistics.median(times))
+    # A step that turned itself off mid-measurement ran eager: say so.
+    compiled = compiled and target.compiled is not None and target.compiled.ready
+    ratios = [r["ratio"] for r in rows]
+    bw = statistics.median(r["copy_gb_s"] for r in rows)
+    step = statistics.median(r["step_s"] for r in rows)
     floor = weights / (bw * 1e9)
+    eager_step = statistics.median(eager) if eager else None
     return {
         "step_s": step,
         "floor_s": floor,
         "copy_gb_s": bw,
-        "ratio": step / floor if floor > 0 else None,
-        # On a shared machine the fastest step is the one least slowed by other processes,
-        # measured like the bandwidth (best of several).
-        "step_min_s": min(times),
-        "ratio_min": min(times) / floor if floor > 0 else None,
+        "ratio": statistics.median(ratios),
+        "ratio_lo": min(ratios),
+        "ratio_hi": max(ratios),
+        "trials": rows,
+        # On a shared machine the fastest step is the one least slowed by other processes.
+        "step_min_s": min(all_times),
+        "ratio_min": min(all_times) / floor,
+        "compiled": compiled,
+        "eager_step_s": eager_step,
+        "compiled_speedup": eager_step / step if eager_step else None,
         "weight_bytes": weights,
         "kv_bytes": kv_bytes(target, context),
         "context": context,

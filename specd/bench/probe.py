@@ -32,16 +32,24 @@ class TargetSpec:
     dtype: str | None = None
     device: str | None = None
     trust_remote_code: bool = False
+    #: ``--compile``: the compiled decode step, as :meth:`specd.Target.compile` takes it
+    compile: str = "auto"
+    #: ``--prefill-dtype``
+    prefill_dtype: str | None = None
 
     def load(self):
-        from ..models import load_target
+        from ..models import load_target, parse_dtype
 
-        return load_target(
+        target = load_target(
             self.model,
             dtype=self.dtype,
             device=self.device,
             trust_remote_code=self.trust_remote_code,
         )
+        if self.prefill_dtype:
+            target.set_prefill_dtype(parse_dtype(self.prefill_dtype))
+        target.compile(self.compile)
+        return target
 
     def load_draft(self, draft_model: str, target):
         """The draft model for ``hf-assisted``: ``target`` (the served model itself),
@@ -77,7 +85,9 @@ def job(
     draft_options: dict,
 ) -> dict:
     return {
-        "target": asdict(spec),
+        # Peak memory, not speed, is measured here: an explicit compile (minutes on CPU)
+        # would be paid again in every probe process, so probes leave it to ``auto``.
+        "target": {**asdict(spec), "compile": "auto"},
         "config": config,
         "prompts": [{"name": p.name, "ids": p.ids, "max_tokens": p.max_tokens} for p in prompts],
         "threads": threads,

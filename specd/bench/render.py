@@ -55,6 +55,17 @@ def markdown(report: dict[str, Any]) -> str:
             f"→ floor {fl['floor_s'] * 1e3:.1f} ms; target one-token step at {fl['context']} tokens "
             f"{fl['step_s'] * 1e3:.1f} ms = {fl['ratio']:.2f}× the floor.",
         ]
+        if fl.get("ratio_lo") is not None:
+            lines[-1] += (
+                f" Median of {len(fl['trials'])} trials (bandwidth, then steps), spread "
+                f"{fl['ratio_lo']:.2f}–{fl['ratio_hi']:.2f}×; step "
+                f"{'compiled' if fl.get('compiled') else 'eager'}."
+            )
+        if fl.get("compiled_speedup"):
+            lines[-1] += (
+                f" Eager step {fl['eager_step_s'] * 1e3:.1f} ms: the compiled step is "
+                f"{fl['compiled_speedup']:.2f}× faster."
+            )
     pc = report.get("prefix_cache")
     if pc:
         lines += ["", "**Prefix cache** (TTFT after a one-character edit, specd plain):", ""]

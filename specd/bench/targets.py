@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from .configs import SPECD_PLAIN
+from .configs import HF_PLAIN, SPECD_PLAIN
 
 #: Goals: speedups (x, higher is better), step time over the memory floor and peak RSS over
 #: the weights (lower is better), the token-identical rate (higher is better).
 TARGET_VS_HF_PLAIN = 3.0
 TARGET_VS_HF_PROMPT_LOOKUP = 1.8
-TARGET_STEP_VS_FLOOR = 2.0
+TARGET_STEP_VS_FLOOR = 1.5
+TARGET_TTFT_VS_HF = 1.0
 TARGET_IDENTICAL = 0.99
 TARGET_RSS_VS_WEIGHTS = 2.0
 
@@ -101,12 +102,19 @@ def check_targets(report: dict[str, Any]) -> list[dict[str, Any]]:
                 False,
                 "engine step: specd-plain TPOT p50",
             )
+        spread = ""
+        if floor.get("ratio_lo") is not None:
+            spread = (
+                f"; trials {floor['ratio_lo']:.2f}-{floor['ratio_hi']:.2f}"
+                f" (median of {len(floor.get('trials', []))})"
+            )
         add(
             "target forward step / memory floor",
             floor["step_s"] / floor["floor_s"],
             TARGET_STEP_VS_FLOOR,
             False,
-            f"bare Target.forward at {floor.get('context')} tokens",
+            f"bare Target.forward at {floor.get('context')} tokens, "
+            f"{'compiled' if floor.get('compiled') else 'eager'}{spread}",
         )
         if floor.get("step_min_s"):
             add(
@@ -116,6 +124,23 @@ def check_targets(report: dict[str, Any]) -> list[dict[str, Any]]:
                 False,
                 "best of the repeats, like the bandwidth",
             )
+        if floor.get("compiled_speedup"):
+            add(
+                "compiled step vs eager step (x)",
+                floor["compiled_speedup"],
+                1.0,
+                True,
+                "informational: medians of the same trials",
+            )
+    hf = by_name.get(HF_PLAIN)
+    if plain and hf and plain.get("ttft_s") and hf.get("ttft_s"):
+        add(
+            "specd plain TTFT / HF plain TTFT",
+            plain["ttft_s"] / hf["ttft_s"],
+            TARGET_TTFT_VS_HF,
+            False,
+            "the prefill, medians over the prompts",
+        )
     dtype = report["machine"].get("dtype", "")
     for key, label in (
         ("identical_rate", "token-identical rate vs HF greedy (worst specd config)"),

@@ -1,0 +1,344 @@
+"""A compiled decode step for the lean forward (:mod:`specd.fastpath`).
+
+A one-token step of a small model spends a good part of its time dispatching some thirty
+small elementwise operations per layer from Python. Compiled, they run as a few fused
+kernels (CPU: ``torch.compile`` with inductor) or as one replayed CUDA graph (CUDA).
+
+What runs compiled: the decode and verify passes (the pending token and a draft, a chain or
+a tree, at most :data:`MAX_TOKENS` tokens) on top of a cache that already holds tokens.
+Prefill, early exit and everything else run eager, as does every pass until the compiled
+step is ready.
+
+How a step meets the cache: it writes its keys and values into the cache's whole buffers
+(:meth:`specd.kvcache.KVCache.buffers`) at positions given as a tensor, then attends over
+the first ``span`` positions with an additive mask.
+
+- ``inductor`` (CPU): shapes are dynamic, ``span`` is the live length plus the step's
+  tokens, and two graphs (one token; several tokens with a mask) serve every cache length
+  and draft size.
+- ``cudagraph`` (CUDA): a graph's shapes and addresses are fixed when it is captured, so
+  ``span`` is the buffer's whole capacity (positions past the live ones are masked out),
+  the tokens are padded up to a bucket of :data:`BUCKETS`, and a graph is captured per
+  (buffers, bucket); it replays until the cache outgrows its buffer.
+- ``static``: the ``cudagraph`` arithmetic (whole-capacity span, padded buckets, inputs
+  copied into fixed tensors) run eager without capturing, so every part of the CUDA path
+  but the capture itself runs, and is tested, on a CPU.
+
+Where compiling is unavailable or fails, or a compiled graph would have to be recompiled
+while serving, the pass runs eager and the reason is logged once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.fx.experimental import _config as fx_config
+
+from .errors import BadInputError
+from .fastpath import FastDecoder
+from .kvcache import KVCache
+
+log = logging.getLogger(__name__)
+
+#: Padded token counts of the CUDA graphs: the pending token plus a draft of up to 15.
+BUCKETS = (1, 2, 4, 8, 16)
+#: The most tokens a compiled pass takes; longer passes run eager.
+MAX_TOKENS = BUCKETS[-1]
+#: CUDA graphs kept (per cache buffer and bucket), least recently used dropped first.
+MAX_GRAPHS = 32
+BACKENDS = ("inductor", "cudagraph", "static")
+Buffers = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+class CompiledStep:
+    """The decode and verify steps of one :class:`FastDecoder`, compiled.
+
+    :param fast: the lean forward whose weights and arithmetic the step uses.
+    :param backend: ``inductor``, ``cudagraph`` or ``static`` (default: ``cudagraph`` on
+        CUDA, ``inductor`` elsewhere).
+    """
+
+    def __init__(self, fast: FastDecoder, backend: str | None = None) -> None:
+        device = fast.embed.device
+        backend = backend or ("cudagraph" if device.type == "cuda" else "inductor")
+        if backend not in BACKENDS:
+            raise BadInputError(f"unknown compile backend {backend!r}; choose from {BACKENDS}")
+        if backend == "cudagraph" and device.type != "cuda":
+            raise BadInputError(f"CUDA graphs need a CUDA device, the model is on {device}")
+        self.fast = fast
+        self.backend = backend
+        self.device = device
+        #: ``off`` (not started), ``compiling``, ``ready`` or ``failed`` (see ``reason``)
+        self.state = "off"
+        self.reason = ""
+        #: seconds the compile (or the first captures) took, once ready
+        self.compile_s: float | None = None
+        self._compiled: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
+        self._graphs: OrderedDict[tuple[int, int], _Static] = OrderedDict()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.state == "ready"
+
+    # -- preparing ----------------------------------------------------------------------
+
+    def prepare(self, new_cache: Callable[[], KVCache], *, background: bool = False) -> None:
+        """Compile the step (CPU) or check that graphs capture (CUDA) on a scratch cache,
+        then mark it ready; with ``background``, in a thread while passes run eager.
+
+        :param new_cache: makes an empty cache for the scratch run.
+        """
+        if self.state != "off":
+            return
+        self.state = "compiling"
+        if background:
+            self._thread = threading.Thread(
+                target=self._prepare, args=(new_cache,), name="specd-compile", daemon=True
+            )
+            self._thread.start()
+        else:
+            self._prepare(new_cache)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for a background compile. :returns: whether the step is ready."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return self.ready
+
+    def _prepare(self, new_cache: Callable[[], KVCache]) -> None:
+        t0 = time.perf_counter()
+        try:
+            if self.backend == "inductor":
+                self._compiled = torch.compile(self._step, dynamic=True, fullgraph=True)
+            # Sizes equal by chance in the scratch run must not become one symbol, or the
+            # first real call with different sizes would recompile.
+            with torch.inference_mode(), fx_config.patch(use_duck_shape=False):  # type: ignore[attr-defined]
+                cache = new_cache()
+                ids = torch.arange(4, device=self.device)[None] % self.fast.embed.shape[0]
+                self.fast.forward(cache, ids, torch.arange(4, device=self.device)[None], None)
+                # One token, then several (a chain with its mask): every graph compiled
+                # here. Then one and three more, refusing recompiles, as serving will: a
+                # guard the scratch inputs happened to pass fails here, not mid-request.
+                for n, recompile in ((1, True), (2, True), (1, False), (3, False)):
+                    base = cache.length
+                    tokens = ids[:, :n]  # a view: its strides differ from a request's
+                    pos = torch.arange(base, base + n, device=self.device)[None]
+                    if self._run(cache, tokens, pos, None, allow_recompile=recompile) is None:
+                        raise RuntimeError(self.reason or "the compiled step did not run")
+        except Exception as e:  # compile errors come in every type
+            if self.state != "failed":  # not logged yet
+                self._fail(f"{type(e).__name__}: {e}")
+            return
+        self.compile_s = time.perf_counter() - t0
+        self.state = "ready"
+        log.info("compiled decode step ready (%s, %.1f s)", self.backend, self.compile_s)
+
+    def _fail(self, reason: str) -> None:
+        self.state, self.reason = "failed", reason
+        log.warning("compiled decode step off, running eager (%s): %s", self.backend, reason)
+
+    # -- running ------------------------------------------------------------------------
+
+    def run(
+        self,
+        cache: KVCache,
+        ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        mask: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """One pass over ``ids`` ``[1, T]`` (positions ``[1, T]``, and an additive mask
+        ``[1, 1, T, past + T]`` for a tree, None for a chain) on top of ``cache``.
+
+        :returns: logits ``[T, V]`` and the last layer's output ``[T, H]``, or None when
+            this pass must run eager (not ready, too many tokens, an empty cache).
+        """
+        if not self.ready:
+            return None
+        return self._run(cache, ids, position_ids, mask, allow_recompile=False)
+
+    def _run(
+        self,
+        cache: KVCache,
+        ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        mask: torch.Tensor | None,
+        *,
+        allow_recompile: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        t = ids.shape[1]
+        past = cache.length
+        if not 1 <= t <= MAX_TOKENS or past == 0:
+            return None
+        # The new tokens' mask among themselves [T, T]; the cached prefix is visible to all.
+        block = mask[0, 0, :, past:] if mask is not None else _causal(t, self.fast.embed)
+        if self.backend == "inductor":
+            out = self._run_dynamic(cache, ids, position_ids, block, allow_recompile)
+        else:
+            out = self._run_static(cache, ids, position_ids, block)
+        if out is not None:
+            cache.advance(t)
+        return out
+
+    def _run_dynamic(
+        self,
+        cache: KVCache,
+        ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        block: torch.Tensor,
+        allow_recompile: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        t, past = ids.shape[1], cache.length
+        buffers = cache.buffers(past + t)
+        if buffers is None or self._compiled is None:
+            return None
+        cos, sin = self.fast.rotary_tables(self.fast.embed[None, :1], position_ids)
+        write = torch.arange(past, past + t, device=self.device)
+        full = None
+        if t > 1:
+            full = torch.zeros(t, past + t, dtype=block.dtype, device=self.device)
+            full[:, past:] = block
+            full = self.fast.pack_mask(full[None, None])
+        stance = "default" if allow_recompile else "fail_on_recompile"
+        try:
+            with torch.compiler.set_stance(stance):
+                # Fresh strides: a [1, 1] view of a longer row keeps its row stride, and the
+                # graph guards on it.
+                ids = ids.new_empty((1, t)).copy_(ids)
+                return self._compiled(ids, cos, sin, write, buffers, past + t, full)
+        except Exception as e:  # a recompile refused while serving, or a failed compile
+            self._fail(f"{type(e).__name__}: {e}")
+            return None
+
+    def _run_static(
+        self,
+        cache: KVCache,
+        ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        block: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        t, past = ids.shape[1], cache.length
+        bucket = next(b for b in BUCKETS if b >= t)
+        buffers = cache.buffers(past + bucket)
+        if buffers is None:
+            return None
+        key = (buffers[0][0].data_ptr(), bucket)
+        graph = self._graphs.get(key)
+        if graph is None:
+            try:
+                graph = _Static(self, buffers, bucket, capture=self.backend == "cudagraph")
+            except Exception as e:  # capture failures come in every type
+                self._fail(f"capturing a {bucket}-token graph: {type(e).__name__}: {e}")
+                return None
+            self._graphs[key] = graph
+            while len(self._graphs) > MAX_GRAPHS:
+                self._graphs.popitem(last=False)
+        self._graphs.move_to_end(key)
+        return graph.replay(ids, position_ids, block, past)
+
+    def _step(
+        self,
+        ids: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        write: torch.Tensor,
+        buffers: Buffers,
+        span: int,
+        mask: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step itself, the same arithmetic as :meth:`FastDecoder.forward`.
+
+        :param ids: ``[1, T]``; ``cos``, ``sin``: ``[1, 1, T, D]``.
+        :param write: ``[T]`` the cache positions the new keys and values go to.
+        :param span: attend over the first ``span`` positions of each buffer.
+        :param mask: packed additive ``[1, 1, R*T, span]``, None: all of them.
+        :returns: logits ``[T, V]`` and the last layer's output ``[T, H]``.
+        """
+        fast = self.fast
+        h = F.embedding(ids, fast.embed)  # [1, T, H]
+        for layer, (kb, vb) in zip(fast.layers, buffers, strict=True):
+            q, k, v = fast.qkv(layer, h, cos, sin)
+            kb.index_copy_(2, write, k.to(kb.dtype))
+            vb.index_copy_(2, write, v.to(vb.dtype))
+            o = fast.attend(q, kb[:, :, :span], vb[:, :, :span], mask)
+            h = fast.mlp(layer, h, o)
+        out = fast._rms(h, fast.norm)
+        return fast._lm_head(out[0]), h[0]
+
+
+class _Static:
+    """One fixed-shape step over fixed buffers: every input is copied into a tensor made
+    here, and the step is replayed from a captured CUDA graph (or called, uncaptured)."""
+
+    def __init__(self, owner: CompiledStep, buffers: Buffers, bucket: int, *, capture: bool):
+        fast, dev = owner.fast, owner.device
+        cap = buffers[0][0].shape[2]
+        self.bucket, self.capacity = bucket, cap
+        self.ids = torch.zeros((1, bucket), dtype=torch.long, device=dev)
+        self.pos = torch.zeros((1, bucket), dtype=torch.long, device=dev)
+        # Before the first replay, writes go to the buffer's last slots, never live ones.
+        self.write = torch.arange(cap - bucket, cap, device=dev)
+        self.mask = torch.zeros((1, 1, bucket, cap), dtype=fast.embed.dtype, device=dev)
+        self.cos, self.sin = fast.rotary_tables(fast.embed[None, :1], self.pos)
+        self._fast = fast
+
+        def step() -> tuple[torch.Tensor, torch.Tensor]:
+            return owner._step(
+                self.ids, self.cos, self.sin, self.write, buffers, cap, fast.pack_mask(self.mask)
+            )
+
+        self._step = step
+        self._graph: Any = None
+        if capture:
+            stream = torch.cuda.Stream(device=dev)
+            stream.wait_stream(torch.cuda.current_stream(dev))
+            with torch.cuda.stream(stream):
+                for _ in range(2):  # warm up allocations outside the graph
+                    step()
+            torch.cuda.current_stream(dev).wait_stream(stream)
+            self._graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self._graph):
+                self._out = step()
+
+    def replay(
+        self, ids: torch.Tensor, position_ids: torch.Tensor, block: torch.Tensor, past: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        t, b = ids.shape[1], self.bucket
+        self.ids.zero_()
+        self.ids[:, :t] = ids
+        self.pos.copy_(position_ids[:, -1:].expand(1, b))
+        self.pos[:, :t] = position_ids
+        cos, sin = self._fast.rotary_tables(self._fast.embed[None, :1], self.pos)
+        self.cos.copy_(cos)
+        self.sin.copy_(sin)
+        self.write.copy_(torch.arange(past, past + b, device=self.write.device))
+        # Real rows see the cached prefix and the tree among the new tokens; padding rows
+        # see the prefix and themselves (a row that sees nothing would be NaN).
+        m = self.mask[0, 0]
+        m.fill_(torch.finfo(m.dtype).min)
+        m[:, :past] = 0
+        m[:t, past : past + t] = block
+        pad = torch.arange(t, b, device=m.device)
+        m[pad, past + pad] = 0
+        if self._graph is not None:
+            self._graph.replay()
+            logits, hidden = self._out
+        else:
+            logits, hidden = self._step()
+        # The graph's outputs are overwritten by its next replay.
+        return logits[:t].clone(), hidden[:t].clone()
+
+
+def _causal(t: int, like: torch.Tensor) -> torch.Tensor:
+    """An additive causal mask ``[T, T]`` in ``like``'s dtype and device."""
+    blocked = torch.ones(t, t, dtype=torch.bool, device=like.device).triu_(1)
+    return torch.zeros(t, t, dtype=like.dtype, device=like.device).masked_fill_(
+        blocked, torch.finfo(like.dtype).min
+    )
