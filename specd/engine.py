@@ -268,7 +268,12 @@ class Engine:
     def _decode(self, req: Request) -> Generator[Delta, None, Completion]:
         t_start = time.perf_counter()
         stats = Stats(prompt_tokens=len(req.prompt), drafter=req.drafter)
-        cache, stats.reused_tokens, why = self.prefill(req.prompt, lambda: _should_stop(req))
+        # a drafter that reads the target's features gets those of the prompt, too
+        wants_hidden = req.drafter_obj is not None and req.drafter_obj.wants_hidden
+        hidden: list[torch.Tensor] | None = [] if wants_hidden else None
+        cache, stats.reused_tokens, why = self.prefill(
+            req.prompt, lambda: _should_stop(req), hidden
+        )
         stats.prefill_s = time.perf_counter() - t_start
         if why:  # cancelled or out of time during prefill; what was computed stays cached
             self.prefix_cache.release(cache, req.prompt[: cache.length])
@@ -292,6 +297,7 @@ class Engine:
             corpus=req.corpus,
             exit_policy=spec.policy,
             cache=cache,
+            hidden=torch.cat(hidden) if hidden else None,
         )
         out = Emitter(self.tokenizer, req.params, self.target.eos_token_ids, stats, t_start)
         guide = None
@@ -333,17 +339,22 @@ class Engine:
         return Completion(text=out.text.text, token_ids=out.token_ids, stats=stats)
 
     def prefill(
-        self, prompt: Sequence[int], stop: Callable[[], str] | None = None
+        self,
+        prompt: Sequence[int],
+        stop: Callable[[], str] | None = None,
+        hidden: list[torch.Tensor] | None = None,
     ) -> tuple[KVCache, int, str]:
         """Bring a cache to hold ``prompt[:-1]``, reusing the longest cached prefix, with
         ``stop`` checked between prefill chunks (:data:`specd.target.PREFILL_CHUNK`).
 
+        :param hidden: when given, receives the last hidden states of the tokens computed
+            (those after the reused prefix), chunk by chunk.
         :returns: (cache, tokens reused from an earlier request, why it stopped early or "").
         """
         head = list(prompt[:-1])
         cache, reused = self.prefix_cache.acquire(head)
         try:
-            why = self.target.prefill(cache, head[reused:], stop)
+            why = self.target.prefill(cache, head[reused:], stop, hidden)
         except BaseException:
             cache.crop(0)
             self.prefix_cache.release(cache, [])

@@ -75,19 +75,27 @@ class Target:
 
     @torch.inference_mode()
     def prefill(
-        self, cache: KVCache, tokens: Sequence[int], stop: Callable[[], str] | None = None
+        self,
+        cache: KVCache,
+        tokens: Sequence[int],
+        stop: Callable[[], str] | None = None,
+        hidden: list[torch.Tensor] | None = None,
     ) -> str:
         """Append ``tokens`` to the cache without computing their logits (beyond one row),
         in chunks of ``PREFILL_CHUNK`` tokens.
 
         :param stop: checked before each chunk; a non-empty answer ends the prefill there.
+        :param hidden: when given, each chunk's last hidden states ``[T, H]`` are appended.
         :returns: ``stop``'s answer when it ended the prefill early, else "".
         """
         for start in range(0, len(tokens), PREFILL_CHUNK):
             why = stop() if stop is not None else ""
             if why:
                 return why
-            self._run(cache, list(tokens[start : start + PREFILL_CHUNK]), None, keep=1)
+            chunk = list(tokens[start : start + PREFILL_CHUNK])
+            out = self._run(cache, chunk, None, keep=1, hidden=hidden is not None)
+            if hidden is not None and out.hidden is not None:
+                hidden.append(out.hidden)
         return ""
 
     @torch.inference_mode()
