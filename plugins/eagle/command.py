@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     out = Path(args.out)
-    command = "specd " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    command = _command(args)
 
     def say(msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
@@ -134,3 +134,20 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report))
     return EXIT_OK
+
+
+#: The options that decide what a run trains, in the order the recorded command gives them.
+_RECORDED = (
+    "model", "dtype", "glob", "max_tokens", "seq_len", "valid_every", "draft_vocab", "steps",
+    "batch", "lr", "minutes", "seed",
+)  # fmt: skip
+
+
+def _command(args: argparse.Namespace) -> str:
+    """The command line that reproduces this run (paths of the data as given)."""
+    parts = ["specd", "train", "eagle", "--data", *args.data, "--out", args.out]
+    for name in _RECORDED:
+        value = getattr(args, name)
+        if value is not None:
+            parts += [f"--{name.replace('_', '-')}", str(value)]
+    return " ".join(shlex.quote(p) for p in parts)

@@ -22,13 +22,14 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 
 from specd import Draft, DraftContext, Drafter, Target, sample, warp
 
 from .head import EagleHead
-from .headfile import load_head, shipped_head
+from .headfile import RANDOM, load_head, random_head, shipped_head
 
 
 @dataclass
@@ -42,13 +43,16 @@ class _Node:
 
 
 class EagleDrafter(Drafter):
-    """:param head: path of a head file (default: the head shipped for the target's model).
+    """:param head: path of a head file (default: the head shipped for the target's model;
+    ``random``: an untrained head, for tests).
     :param topk: children per expanded node (greedy trees). :param width: nodes expanded
     per depth (greedy trees). :param window: true entries the head attends to.
     :param max_draft: cap on draft nodes per step."""
 
     name = "eagle"
     wants_hidden = True
+    # the conformance suite's tiny targets have no trained head
+    conformance_options: ClassVar[dict[str, object]] = {"head": RANDOM}
 
     def __init__(
         self,
@@ -74,20 +78,24 @@ class EagleDrafter(Drafter):
         self._v: torch.Tensor | None = None
         self._pos: list[int] = []  # position of each true entry (ascending)
         self._outs: list[torch.Tensor] = []  # [H] the head's output for each true entry
+        self._ins: list[torch.Tensor] = []  # [H] the target feature each true entry read
         self._tokens: list[int] = []  # the sequence the entries describe
         self._feat: torch.Tensor | None = None  # [P, H] features not yet fed
         self._feat_start = 0  # position of self._feat[0]
 
     def _load(self, target: Target) -> EagleHead:
         if self._head is None or self._for is not target:
-            path = self.head_path or shipped_head(target)
-            if path is None:
-                raise FileNotFoundError(
-                    f"no EAGLE head ships for {target.name!r}; train one with "
-                    f"'specd train eagle --model {target.name} --data PATH --out HEAD' and pass "
-                    "--drafter-option head=HEAD"
-                )
-            self._head = load_head(path, target)
+            if self.head_path == Path(RANDOM):
+                self._head = random_head(target)
+            else:
+                path = self.head_path or shipped_head(target)
+                if path is None:
+                    raise FileNotFoundError(
+                        f"no EAGLE head ships for {target.name!r}; train one with "
+                        f"'specd train eagle --model {target.name} --data PATH --out HEAD' and "
+                        "pass --drafter-option head=HEAD"
+                    )
+                self._head = load_head(path, target)
             self._for = target
             model = target.model
             vocab = self._head.draft_vocab
@@ -129,10 +137,13 @@ class EagleDrafter(Drafter):
                 break
             same += 1
         keep = bisect.bisect_right(self._pos, same - 2)
-        del self._pos[keep:], self._outs[keep:]
+        # the last common token's feature is still right; only the token after it changed
+        self._feat = None
+        if keep < len(self._pos) and self._pos[keep] == same - 1:
+            self._feat, self._feat_start = self._ins[keep][None], same - 1
+        del self._pos[keep:], self._outs[keep:], self._ins[keep:]
         self._crop(keep)
         self._tokens = ctx.tokens
-        self._feat = None
         self._take_features(ctx)
 
     def commit(self, ctx: DraftContext, new_tokens: Sequence[int], accepted: int) -> None:
@@ -175,6 +186,7 @@ class EagleDrafter(Drafter):
             out = self._entries(feat, nxt, list(range(first, last)), None)
             self._pos.extend(range(first, last))
             self._outs.extend(out)
+            self._ins.extend(feat)
         if last >= end:
             self._feat = None
         elif last > start:

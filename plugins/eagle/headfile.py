@@ -22,6 +22,8 @@ from specd import BadInputError, Target
 from .head import EagleHead, HeadConfig
 
 FORMAT = "specd-eagle-head/1"
+#: The ``head`` option that asks for an untrained head (tests, conformance checks).
+RANDOM = "random"
 #: Where the heads shipped with specd live, one per model alias: ``heads/<alias>.safetensors``.
 SHIPPED = Path(__file__).resolve().parent / "heads"
 #: Every this-many-th value of each weight tensor enters the hash (fast on a large model,
@@ -108,3 +110,18 @@ def shipped_head(target: Target) -> Path | None:
     """The head shipped for ``target``'s model alias, if any."""
     path = SHIPPED / f"{Path(target.name).name}.safetensors"
     return path if path.is_file() else None
+
+
+def random_head(target: Target, seed: int = 0, vocab: int = 8192) -> EagleHead:
+    """An untrained head for ``target`` over its first ``vocab`` token ids, the same for a
+    given seed. Its input projection passes the feature through, so before any training it
+    guesses that the target's last choice comes again (a cycle, on a tiny random target)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        head = EagleHead(
+            HeadConfig.for_target(target.config), torch.arange(min(vocab, target.vocab_size))
+        )
+        with torch.no_grad():
+            h = head.config.hidden
+            head.fc.weight[:, :h] += torch.eye(h)
+    return head.to(device=target.device, dtype=target.dtype).eval()

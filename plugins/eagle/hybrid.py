@@ -13,7 +13,7 @@ start, commit and finish, so each keeps its own state in step.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from specd import BadInputError, Draft, DraftContext, Drafter, make_drafter
 
@@ -27,6 +27,7 @@ class HybridDrafter(Drafter):
     name = "hybrid"
     # Asking for the target's hidden states costs nothing extra; parts that need them get them.
     wants_hidden = True
+    conformance_options: ClassVar[dict[str, object]] = {"eagle.head": "random"}
 
     def __init__(
         self,

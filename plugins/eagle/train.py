@@ -140,7 +140,7 @@ class Trainer:
             if self.state.trained_s - last_valid >= self.cfg.valid_every_s:
                 last_valid = self.state.trained_s
                 report = self.validate()
-                report["loss"] = round(float(loss), 4)
+                report["loss"] = round(float(loss.detach()), 4)
                 progress(_format(self.state, report))
                 if checkpoint is not None:
                     checkpoint()
