@@ -9,6 +9,7 @@ time budget (``--minutes``) is spent in total.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import shlex
 import sys
@@ -17,12 +18,12 @@ from pathlib import Path
 
 import torch
 
-from specd import BadInputError, Engine, hookimpl
+from specd import BadInputError, Engine, Target, hookimpl
 from specd.options import EXIT_OK, add_model_args
 
 from . import features
 from .head import EagleHead, HeadConfig
-from .headfile import save_head, weights_hash
+from .headfile import load_head, save_head, weights_hash
 from .train import TrainConfig, Trainer
 
 
@@ -49,6 +50,17 @@ def specd_register_commands(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--batch", type=int, default=4, help="sequences per update")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--minutes", type=float, default=10.0, help="training time budget")
+    p.add_argument(
+        "--updates",
+        type=int,
+        default=None,
+        help="train for exactly this many updates instead (reproducible on any machine)",
+    )
+    p.add_argument(
+        "--evaluate",
+        action="store_true",
+        help="measure the head at --out on --data (every file held out) instead of training",
+    )
     p.add_argument("--valid-minutes", type=float, default=2.0, help="time between validations")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")
     p.add_argument("--seed", type=int, default=0)
@@ -73,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
     def say(msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
+    if args.updates is not None and args.updates < 1:
+        raise BadInputError(f"--updates must be >= 1, got {args.updates}")
     files = features.find_files(args.data, args.glob)
     target = Engine.load(
         args.model,
@@ -81,6 +95,8 @@ def run(args: argparse.Namespace) -> int:
         trust_remote_code=args.trust_remote_code,
         drafter="none",
     ).target
+    if args.evaluate:
+        return evaluate(args, target, files, say)
     corpus = features.build_corpus(
         target,
         files,
@@ -122,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
         ),
         target.device,
     )
+    trainer.cfg.max_updates = args.updates
     ckpt = out.with_name(out.name + ".ckpt")
     if ckpt.is_file():
         trainer.load(ckpt)
@@ -136,10 +153,42 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def evaluate(args: argparse.Namespace, target: Target, files: list[Path], say) -> int:
+    """Top-1 agreement and per-position acceptance of the head at ``--out`` on ``--data``."""
+    head = load_head(Path(args.out), target)
+    seqs = features.evaluation_sequences(
+        target, files, seq_len=args.seq_len, max_tokens=args.max_tokens
+    )
+    key = hashlib.sha256("\0".join(map(str, files)).encode()).hexdigest()[:12]
+    folder = Path(args.out).with_name(Path(args.out).name + ".features") / weights_hash(target)
+    data = features.load_shards(
+        features.extract(target, seqs, folder / f"eval-{key}", progress=say)
+    )
+    model = target.model
+    trainer = Trainer(
+        head,
+        model.get_input_embeddings().weight,
+        model.get_output_embeddings().weight,
+        data,
+        data,
+        TrainConfig(steps=args.steps, batch=args.batch),
+        target.device,
+    )
+    report = trainer.validate(max_seqs=len(seqs))
+    report |= {"sequences": len(seqs), "tokens": len(seqs) * args.seq_len}
+    say(
+        f"{len(seqs)} sequences: top1 {report['top1']:.3f}, acceptance by position "
+        f"{report['position_acceptance']}, chain MAL {report['mean_acceptance_length']:.2f}"
+    )
+    if args.json:
+        print(json.dumps(report))
+    return EXIT_OK
+
+
 #: The options that decide what a run trains, in the order the recorded command gives them.
 _RECORDED = (
     "model", "dtype", "glob", "max_tokens", "seq_len", "valid_every", "draft_vocab", "steps",
-    "batch", "lr", "minutes", "seed",
+    "batch", "lr", "minutes", "updates", "seed",
 )  # fmt: skip
 
 

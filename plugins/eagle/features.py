@@ -68,22 +68,13 @@ def build_corpus(
 ) -> Corpus:
     """Tokenize ``files`` into sequences; at most ``max_tokens`` training tokens (files are
     taken in a fixed shuffled order, so a smaller budget is a sample of the whole)."""
-    tok = target.tokenizer
-    eos = min(target.eos_token_ids) if target.eos_token_ids else None
-    order = sorted(files, key=lambda f: hashlib.sha256(str(f).encode()).hexdigest())
     streams: dict[bool, list[int]] = {True: [], False: []}
     valid_budget = None if max_tokens is None else max(seq_len * 4, max_tokens // 20)
-    for f in order:
+    for f in _shuffled(files):
         held = is_validation(f, valid_every)
         limit = valid_budget if held else max_tokens
-        if limit is not None and len(streams[held]) >= limit:
-            continue
-        try:
-            text = f.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
-            continue
-        ids = list(tok(text, add_special_tokens=False)["input_ids"])
-        streams[held].extend(ids + ([eos] if eos is not None else []))
+        if limit is None or len(streams[held]) < limit:
+            streams[held].extend(_file_tokens(target, f))
     train = _cut(streams[False], seq_len, max_tokens)
     valid = _cut(streams[True], seq_len, valid_budget)
     if not train or not valid:
@@ -92,6 +83,36 @@ def build_corpus(
             f"training and validation splits (found {len(train)} and {len(valid)})"
         )
     return Corpus(train=train, valid=valid, files=len(files))
+
+
+def evaluation_sequences(
+    target: Target, files: Sequence[Path], *, seq_len: int, max_tokens: int | None
+) -> list[list[int]]:
+    """Every file held out: sequences of ``seq_len`` tokens, at most ``max_tokens`` in all."""
+    stream: list[int] = []
+    for f in _shuffled(files):
+        if max_tokens is not None and len(stream) >= max_tokens:
+            break
+        stream.extend(_file_tokens(target, f))
+    seqs = _cut(stream, seq_len, max_tokens)
+    if not seqs:
+        raise BadInputError(f"--data holds too little text for one sequence of {seq_len} tokens")
+    return seqs
+
+
+def _shuffled(files: Sequence[Path]) -> list[Path]:
+    """A fixed order that does not follow folders, so a token budget samples them all."""
+    return sorted(files, key=lambda f: hashlib.sha256(str(f).encode()).hexdigest())
+
+
+def _file_tokens(target: Target, path: Path) -> list[int]:
+    """A file's tokens and the end-of-sequence token; nothing for an unreadable file."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return []
+    ids = list(target.tokenizer(text, add_special_tokens=False)["input_ids"])
+    return ids + sorted(target.eos_token_ids)[:1]
 
 
 def _cut(stream: list[int], seq_len: int, limit: int | None) -> list[list[int]]:

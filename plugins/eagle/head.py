@@ -67,6 +67,9 @@ class EagleHead(nn.Module):
     """:param config: shapes. :param draft_vocab: ``[Vd]`` target token ids the head may
     propose (the most frequent next tokens of the training corpus)."""
 
+    draft_vocab: torch.Tensor  # [Vd] buffers, declared for type checkers
+    inv_freq: torch.Tensor  # [D / 2]
+
     def __init__(self, config: HeadConfig, draft_vocab: torch.Tensor) -> None:
         super().__init__()
         c = config

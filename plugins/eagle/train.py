@@ -32,6 +32,7 @@ class TrainConfig:
     lr: float = 1e-3
     ce_weight: float = 0.1
     budget_s: float = 600.0  # training time, excluding validation
+    max_updates: int | None = None  # when set, the run's length in updates instead of time
     valid_every_s: float = 120.0
     seed: int = 0
 
@@ -106,8 +107,14 @@ class Trainer:
             total = total + 0.8**s * loss
         return total, outs
 
+    def _progress(self) -> float:
+        """How much of the run is done, 0..1: by updates when counted, else by time."""
+        if self.cfg.max_updates is not None:
+            return min(self.state.updates / max(self.cfg.max_updates, 1), 1.0)
+        return min(self.state.trained_s / max(self.cfg.budget_s, 1e-9), 1.0)
+
     def _lr(self) -> float:
-        frac = min(self.state.trained_s / max(self.cfg.budget_s, 1e-9), 1.0)
+        frac = self._progress()
         warm = min(1.0, (self.state.updates + 1) / 50)
         return self.cfg.lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
@@ -116,14 +123,14 @@ class Trainer:
     def run(
         self, progress: Callable[[str], None], checkpoint: Callable[[], None] | None = None
     ) -> dict:
-        """Train until the time budget is spent; validate every ``valid_every_s``.
+        """Train until the run is done (:meth:`_progress`); validate every ``valid_every_s``.
         :returns: the last validation figures."""
         n = self.train_data["tokens"].shape[0]
         t_len = self.train_data["tokens"].shape[1] - 1
         last_valid = self.state.trained_s
         report = self.validate()
         progress(_format(self.state, report))
-        while self.state.trained_s < self.cfg.budget_s:
+        while self._progress() < 1.0:
             t0 = time.monotonic()
             self.head.train()
             for g in self.opt.param_groups:
