@@ -26,7 +26,8 @@ class DraftContext:
     EAGLE); ``cache`` is the target's KV cache for this request, holding every committed
     token but the last: a drafter may append to it while it drafts and must crop it back
     to the length it found. ``hidden`` (for a drafter with ``wants_hidden``) holds the
-    target's last hidden states ``[T, H]`` (before its final norm) of the T tokens just
+    target's last hidden states ``[T, H]`` (after its final norm: what its LM head reads)
+    of the T tokens just
     before the pending one: at :meth:`Drafter.start` those of the prompt the prefill computed
     (after any prefix reused from an earlier request; None when it computed none), at
     :meth:`Drafter.commit` those of the last step's pending token and accepted draft tokens,

@@ -146,7 +146,8 @@ class FastDecoder:
         :param mask: additive ``[1, 1, T, past + T]`` mask, or None for causal order.
         :param keep: logits for the last ``keep`` positions only (0: all).
         :param layers: stop after this many decoder layers (early exit).
-        :returns: logits ``[T', V]`` and, when asked, the last layer's output ``[T, H]``."""
+        :returns: logits ``[T', V]`` and, when asked, the last hidden states ``[T, H]`` after
+        the final norm."""
         t = ids.shape[1]
         h = F.embedding(ids, self.embed)  # [1, T, H]
         cos, sin = self.rotary(h, position_ids)  # [1, T, D]
@@ -189,10 +190,9 @@ class FastDecoder:
             h = h + self._linear(o, L.wo, L.bo)
             x = self._rms(h, L.ln2)
             h = h + self._linear(F.silu(self._linear(x, L.wg)) * self._linear(x, L.wu), L.wd)
-        out = self._rms(h, self.norm)
-        if keep:
-            out = out[:, -keep:]
-        return self._lm_head(out[0]), (h[0] if hidden else None)
+        normed = self._rms(h, self.norm)  # [1, T, H]: what the LM head reads
+        out = normed[:, -keep:] if keep else normed
+        return self._lm_head(out[0]), (normed[0] if hidden else None)
 
     def _lm_head(self, x: torch.Tensor) -> torch.Tensor:
         """Logits ``[T, V]`` from final hidden states ``[T, H]``."""

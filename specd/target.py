@@ -21,7 +21,7 @@ PREFILL_CHUNK = 256
 @dataclass
 class ForwardOut:
     logits: torch.Tensor  # [T, V]
-    hidden: torch.Tensor | None = None  # [T, H], the last layer's output (before the final norm)
+    hidden: torch.Tensor | None = None  # [T, H], the last hidden states after the final norm
 
 
 class Target:

@@ -8,7 +8,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from specd.plugins.eagle.drafter import EagleDrafter
-from specd.plugins.eagle.features import final_norm
 from specd.plugins.eagle.head import EagleHead, HeadConfig
 from specd.plugins.eagle.headfile import (
     HeadMismatchError,
@@ -57,11 +56,25 @@ def test_greedy_eagle_is_identical_to_plain(head_file, prompt, shape):
     assert spec.token_ids == e.generate(prompt, params, drafter="none").token_ids
 
 
+def test_both_forward_paths_return_the_features_the_lm_head_reads():
+    """Bug guarded: the lean forward returned the hidden states before the final norm and
+    Hugging Face's forward after it, so a head trained on one read garbage on the other."""
+    model = tiny_model(VOCAB, seed=4)
+    outs = []
+    for fast in (True, False):
+        target = Target(model, TARGET.tokenizer, fast=fast)
+        outs.append(target.forward(target.new_cache(), [3, 1, 4, 1, 5], hidden=True))
+    torch.testing.assert_close(outs[0].hidden, outs[1].hidden)
+    with torch.no_grad():
+        logits = model.lm_head(outs[0].hidden.clone())
+    torch.testing.assert_close(logits, outs[0].logits)
+
+
 def _fresh_outputs(head: EagleHead, tokens: list[int]) -> torch.Tensor:
     """The head's teacher-forced outputs for every position of ``tokens``, from scratch."""
     with torch.inference_mode():
         out = TARGET.forward(TARGET.new_cache(), tokens, hidden=True)
-        feat = final_norm(TARGET)(out.hidden)
+        feat = out.hidden
         emb = TARGET.model.get_input_embeddings().weight[torch.tensor(tokens[1:])]
         return head.unrolled(feat[None, :-1], emb[None], 1)[0][0]  # [T - 1, H]
 

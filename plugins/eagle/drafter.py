@@ -101,7 +101,6 @@ class EagleDrafter(Drafter):
             vocab = self._head.draft_vocab
             self._embed = model.get_input_embeddings().weight
             self._lm_rows = model.get_output_embeddings().weight[vocab]  # [Vd, H]
-            self._norm = model.get_decoder().norm
             self._reset()
         return self._head
 
@@ -116,8 +115,7 @@ class EagleDrafter(Drafter):
         hidden, ctx.hidden = ctx.hidden, None
         if hidden is None or hidden.shape[0] == 0:
             return
-        with torch.inference_mode():
-            feat = self._norm(hidden)
+        feat = hidden  # the target's features: its last hidden states after the final norm
         start = len(ctx.tokens) - 1 - feat.shape[0]
         if self._feat is not None and self._feat_start + self._feat.shape[0] == start:
             self._feat = torch.cat([self._feat, feat])

@@ -128,14 +128,7 @@ def target_features(target: Target, tokens: Sequence[int]) -> tuple[torch.Tensor
     cache = target.new_cache(capacity=len(tokens))
     out = target.forward(cache, tokens, hidden=True)
     assert out.hidden is not None
-    feat = final_norm(target)(out.hidden)
-    return feat, out.logits.argmax(-1)
-
-
-def final_norm(target: Target) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The target's final norm (hidden states before it -> features)."""
-    decoder = target.model.get_decoder()
-    return decoder.norm
+    return out.hidden, out.logits.argmax(-1)
 
 
 def extract(
