@@ -28,8 +28,8 @@ class DraftContext:
     to the length it found. ``hidden`` (for a drafter with ``wants_hidden``) holds the
     target's last hidden states ``[T, H]`` (after its final norm: what its LM head reads)
     of the T tokens just
-    before the pending one: at :meth:`Drafter.start` those of the prompt the prefill computed
-    (after any prefix reused from an earlier request; None when it computed none), at
+    before the pending one: at :meth:`Drafter.start` those of the prompt (the prefix cache keeps
+    them for reused tokens; when it has none, only the tokens the prefill computed), at
     :meth:`Drafter.commit` those of the last step's pending token and accepted draft tokens,
     from the verify pass. They cost no
     extra target work. ``corpus`` is extra text to draft from (open documents, recently

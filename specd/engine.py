@@ -297,7 +297,7 @@ class Engine:
             corpus=req.corpus,
             exit_policy=spec.policy,
             cache=cache,
-            hidden=torch.cat(hidden) if hidden else None,
+            hidden=_prompt_features(cache, stats.reused_tokens, hidden),
         )
         out = Emitter(self.tokenizer, req.params, self.target.eos_token_ids, stats, t_start)
         guide = None
@@ -422,12 +422,34 @@ class Engine:
         new.append(step.verdict.token)
         if step.hidden is not None:
             ctx.hidden = step.hidden[[0] + [1 + i for i in path]]
+            if cache.features is not None and cache.features.shape[0] == step.base:
+                cache.features = torch.cat([cache.features, ctx.hidden])
         ctx.tokens.extend(new)
         drafted = len(step.draft) if step.draft is not None else 0
         depth = max(step.draft.depths()) if step.draft is not None else 0
         stats.record_step(drafted, depth, len(path))
         spec.commit(ctx, new, drafted, len(path))
         return new
+
+
+def _prompt_features(
+    cache: KVCache, reused: int, computed: list[torch.Tensor] | None
+) -> torch.Tensor | None:
+    """The prompt's features for a drafter that reads them: those the prefix cache kept for
+    the reused tokens followed by those the prefill computed, and kept in the cache for the
+    next request. When the reused part has none, only the computed ones (the drafter keeps
+    its own history)."""
+    if computed is None:
+        return None
+    parts = list(computed)
+    if reused:
+        kept = cache.features
+        if kept is None or kept.shape[0] != reused:
+            cache.features = None
+            return torch.cat(parts) if parts else None
+        parts.insert(0, kept)
+    cache.features = torch.cat(parts) if parts else None
+    return cache.features
 
 
 def _should_stop(req: Request) -> str:

@@ -183,3 +183,16 @@ def test_real_model_eagle_and_hybrid_are_exact(real_engine):
         out = e.generate(prompt, params, drafter=name)
         assert out.stats.fallback is None and out.stats.drafted > 0
         assert out.token_ids == plain, name
+
+
+def test_a_seed_gives_the_same_tokens_whatever_the_drafter_saw_before(head_file):
+    """Bug guarded: after a prefix-cache hit on a prompt the drafter had no features for,
+    its first steps were plain, so the same seed drew other tokens than on a cold start."""
+    e = engine(head_file)
+    prompt = [5, 9, 3, 7, 1, 2, 8, 4]
+    params = SamplingParams(max_tokens=12, temperature=1.0, seed=7)
+    cold = e.generate(prompt, params, drafter="eagle").token_ids
+    e.generate([30, 31, 32], params, drafter="eagle")  # the drafter's own history moves on
+    warm = e.generate(prompt, params, drafter="eagle")
+    assert warm.stats.reused_tokens == len(prompt) - 1
+    assert warm.token_ids == cold
