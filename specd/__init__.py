@@ -14,6 +14,7 @@ from .generation import Completion, Delta, Generation
 from .healing import Constraint
 from .hookspecs import hookimpl
 from .ngram_index import CorpusIndex, NgramIndex
+from .registry import make_drafter
 from .sampling import SamplingParams, sample, warp
 from .stats import Stats, percentile
 from .target import Target
@@ -43,6 +44,7 @@ __all__ = [
     "Verdict",
     "Verifier",
     "hookimpl",
+    "make_drafter",
     "percentile",
     "sample",
     "warp",

@@ -25,9 +25,15 @@ class DraftContext:
     ``target`` gives access to the served model for drafters that share it (early exit,
     EAGLE); ``cache`` is the target's KV cache for this request, holding every committed
     token but the last: a drafter may append to it while it drafts and must crop it back
-    to the length it found. ``hidden`` holds the target's last hidden states for the
-    tokens committed by the last step when the drafter asked for hidden states. ``corpus`` is extra text to draft
-    from (open documents, recently accepted completions), or None.
+    to the length it found. ``hidden`` (for a drafter with ``wants_hidden``) holds the
+    target's last hidden states ``[T, H]`` (after its final norm: what its LM head reads)
+    of the T tokens just
+    before the pending one: at :meth:`Drafter.start` those of the prompt (the prefix cache keeps
+    them for reused tokens; when it has none, only the tokens the prefill computed), at
+    :meth:`Drafter.commit` those of the last step's pending token and accepted draft tokens,
+    from the verify pass. They cost no
+    extra target work. ``corpus`` is extra text to draft from (open documents, recently
+    accepted completions), or None.
     """
 
     tokens: list[int]

@@ -259,7 +259,7 @@ class CompiledStep:
         :param write: ``[T]`` the cache positions the new keys and values go to.
         :param span: attend over the first ``span`` positions of each buffer.
         :param mask: packed additive ``[1, 1, R*T, span]``, None: all of them.
-        :returns: logits ``[T, V]`` and the last layer's output ``[T, H]``.
+        :returns: logits ``[T, V]`` and the last hidden states ``[T, H]`` after the final norm.
         """
         fast = self.fast
         h = F.embedding(ids, fast.embed)  # [1, T, H]
@@ -269,8 +269,8 @@ class CompiledStep:
             vb.index_copy_(2, write, v.to(vb.dtype))
             o = fast.attend(q, kb[:, :, :span], vb[:, :, :span], mask)
             h = fast.mlp(layer, h, o)
-        out = fast._rms(h, fast.norm)
-        return fast._lm_head(out[0]), h[0]
+        normed = fast._rms(h, fast.norm)  # [1, T, H]: what the LM head reads
+        return fast._lm_head(normed[0]), normed[0]
 
 
 class _Static:

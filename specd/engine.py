@@ -261,7 +261,12 @@ class Engine:
     def _decode(self, req: Request) -> Generator[Delta, None, Completion]:
         t_start = time.perf_counter()
         stats = Stats(prompt_tokens=len(req.prompt), drafter=req.drafter)
-        cache, stats.reused_tokens, why = self.prefill(req.prompt, lambda: _should_stop(req))
+        # a drafter that reads the target's features gets those of the prompt, too
+        wants_hidden = req.drafter_obj is not None and req.drafter_obj.wants_hidden
+        hidden: list[torch.Tensor] | None = [] if wants_hidden else None
+        cache, stats.reused_tokens, why = self.prefill(
+            req.prompt, lambda: _should_stop(req), hidden
+        )
         stats.prefill_s = time.perf_counter() - t_start
         if why:  # cancelled or out of time during prefill; what was computed stays cached
             self.prefix_cache.release(cache, req.prompt[: cache.length])
@@ -285,6 +290,7 @@ class Engine:
             corpus=req.corpus,
             exit_policy=spec.policy,
             cache=cache,
+            hidden=_prompt_features(cache, stats.reused_tokens, hidden),
         )
         out = Emitter(self.tokenizer, req.params, self.target.eos_token_ids, stats, t_start)
         guide = None
@@ -326,17 +332,22 @@ class Engine:
         return Completion(text=out.text.text, token_ids=out.token_ids, stats=stats)
 
     def prefill(
-        self, prompt: Sequence[int], stop: Callable[[], str] | None = None
+        self,
+        prompt: Sequence[int],
+        stop: Callable[[], str] | None = None,
+        hidden: list[torch.Tensor] | None = None,
     ) -> tuple[KVCache, int, str]:
         """Bring a cache to hold ``prompt[:-1]``, reusing the longest cached prefix, with
         ``stop`` checked between prefill chunks (:data:`specd.target.PREFILL_CHUNK`).
 
+        :param hidden: when given, receives the last hidden states of the tokens computed
+            (those after the reused prefix), chunk by chunk.
         :returns: (cache, tokens reused from an earlier request, why it stopped early or "").
         """
         head = list(prompt[:-1])
         cache, reused = self.prefix_cache.acquire(head)
         try:
-            why = self.target.prefill(cache, head[reused:], stop)
+            why = self.target.prefill(cache, head[reused:], stop, hidden)
         except BaseException:
             cache.crop(0)
             self.prefix_cache.release(cache, [])
@@ -404,12 +415,34 @@ class Engine:
         new.append(step.verdict.token)
         if step.hidden is not None:
             ctx.hidden = step.hidden[[0] + [1 + i for i in path]]
+            if cache.features is not None and cache.features.shape[0] == step.base:
+                cache.features = torch.cat([cache.features, ctx.hidden])
         ctx.tokens.extend(new)
         drafted = len(step.draft) if step.draft is not None else 0
         depth = max(step.draft.depths()) if step.draft is not None else 0
         stats.record_step(drafted, depth, len(path))
         spec.commit(ctx, new, drafted, len(path))
         return new
+
+
+def _prompt_features(
+    cache: KVCache, reused: int, computed: list[torch.Tensor] | None
+) -> torch.Tensor | None:
+    """The prompt's features for a drafter that reads them: those the prefix cache kept for
+    the reused tokens followed by those the prefill computed, and kept in the cache for the
+    next request. When the reused part has none, only the computed ones (the drafter keeps
+    its own history)."""
+    if computed is None:
+        return None
+    parts = list(computed)
+    if reused:
+        kept = cache.features
+        if kept is None or kept.shape[0] != reused:
+            cache.features = None
+            return torch.cat(parts) if parts else None
+        parts.insert(0, kept)
+    cache.features = torch.cat(parts) if parts else None
+    return cache.features
 
 
 def _should_stop(req: Request) -> str:

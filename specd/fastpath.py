@@ -165,7 +165,8 @@ class FastDecoder:
         :param mask: additive ``[1, 1, T, past + T]`` mask, or None for causal order.
         :param keep: logits for the last ``keep`` positions only (0: all).
         :param layers: stop after this many decoder layers (early exit).
-        :returns: logits ``[T', V]`` and, when asked, the last layer's output ``[T, H]``."""
+        :returns: logits ``[T', V]`` and, when asked, the last hidden states ``[T, H]`` after
+        the final norm."""
         t = ids.shape[1]
         h = F.embedding(ids, self.embed)  # [1, T, H]
         cos, sin = self.rotary_tables(h, position_ids)
@@ -195,10 +196,9 @@ class FastDecoder:
             else:
                 o = self.attend(q, keys, values, mask)
             h = self.mlp(L, h, o)
-        out = self._rms(h, self.norm)
-        if keep:
-            out = out[:, -keep:]
-        return self._lm_head(out[0]), (h[0] if hidden else None)
+        normed = self._rms(h, self.norm)  # [1, T, H]: what the LM head reads
+        out = normed[:, -keep:] if keep else normed
+        return self._lm_head(out[0]), (normed[0] if hidden else None)
 
     # One decoder layer, in the parts a compiled step (specd.compiled) shares: the cache
     # write between qkv and attend is the caller's.

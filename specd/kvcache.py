@@ -138,6 +138,9 @@ class KVCache:
         self.hf = DynamicCache()
         self.hf.layers = list(self._layers)
         self.hf.layer_class_to_replicate = None
+        #: The target's features (last hidden states) of positions ``0..F-1`` (``F <=
+        #: length``), kept for drafters that read them; None when they are not known.
+        self.features: torch.Tensor | None = None
 
     def layer(self, i: int) -> _GrowingLayer:
         """Layer ``i``'s keys and values; ``update(k, v)`` appends and returns the live views."""
@@ -177,6 +180,8 @@ class KVCache:
             raise ValueError(f"cannot crop to a negative length ({length})")
         for layer in self._layers:
             layer.set_length(length)
+        if self.features is not None and self.features.shape[0] > length:
+            self.features = self.features[:length]
 
     def keep(self, start: int, positions: Sequence[int]) -> None:
         """Keep positions [0, start) followed by ``positions`` (absolute, ascending), e.g. the
@@ -185,6 +190,8 @@ class KVCache:
         if positions == list(range(start, start + len(positions))):
             self.crop(start + len(positions))
             return
+        if self.features is not None and self.features.shape[0] > start:
+            self.features = self.features[:start]
         idx = torch.tensor(positions, dtype=torch.long, device=self.device)
         with torch.inference_mode():
             for layer in self._layers:

@@ -220,6 +220,16 @@ def make(kind: str, name: str, options: dict[str, Any] | None = None) -> Any:
         raise BadInputError(f"bad options for {name!r}: {e}") from e
 
 
+def make_drafter(name: str, options: dict[str, Any] | None = None) -> Drafter:
+    """A new instance of the drafter registered as ``name`` (what a drafter that combines
+    others uses to build them).
+
+    :raises UnknownPluginError: nothing registered ``name``.
+    :raises BadInputError: its constructor rejected ``options``.
+    """
+    return make("drafters", name, options)
+
+
 def drafter_class(name: str) -> type[Drafter]:
     return _lookup("drafters", name)
 

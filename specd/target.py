@@ -30,7 +30,7 @@ STATIC_CAPACITY = 4096
 @dataclass
 class ForwardOut:
     logits: torch.Tensor  # [T, V]
-    hidden: torch.Tensor | None = None  # [T, H], the last layer's output (before the final norm)
+    hidden: torch.Tensor | None = None  # [T, H], the last hidden states after the final norm
 
 
 class Target:
@@ -139,12 +139,17 @@ class Target:
 
     @torch.inference_mode()
     def prefill(
-        self, cache: KVCache, tokens: Sequence[int], stop: Callable[[], str] | None = None
+        self,
+        cache: KVCache,
+        tokens: Sequence[int],
+        stop: Callable[[], str] | None = None,
+        hidden: list[torch.Tensor] | None = None,
     ) -> str:
         """Append ``tokens`` to the cache without computing their logits (beyond one row),
         in chunks of ``PREFILL_CHUNK`` tokens.
 
         :param stop: checked before each chunk; a non-empty answer ends the prefill there.
+        :param hidden: when given, each chunk's last hidden states ``[T, H]`` are appended.
         :returns: ``stop``'s answer when it ended the prefill early, else "".
         """
         # One allocation for the prompt and a first stretch of decoding.
@@ -153,7 +158,10 @@ class Target:
             why = stop() if stop is not None else ""
             if why:
                 return why
-            self._run(cache, list(tokens[start : start + PREFILL_CHUNK]), None, keep=1)
+            chunk = list(tokens[start : start + PREFILL_CHUNK])
+            out = self._run(cache, chunk, None, keep=1, hidden=hidden is not None)
+            if hidden is not None and out.hidden is not None:
+                hidden.append(out.hidden)
         return ""
 
     @torch.inference_mode()

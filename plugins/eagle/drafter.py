@@ -1,0 +1,313 @@
+"""The ``eagle`` drafter: the head drafts from the target's own features.
+
+The target returns its last hidden states with every verify pass (``wants_hidden``), so the
+head's true entries cost no extra target work: after each step the drafter appends one entry
+per committed token to its own small KV cache and drafts from the last one. Draft entries
+(fed the head's own predicted features) are appended while drafting and cropped away before
+the draft is returned. Between requests the cache is kept for the longest common prefix,
+like the engine's prefix cache.
+
+Greedy decoding drafts a tree (EAGLE-2): at each depth the ``width`` most probable nodes
+are expanded by their ``topk`` most probable children, and the ``budget`` nodes of highest
+path probability form the draft; ``width = topk = 1`` is a chain. The tokens are the
+head's argmax choices, so the draft is deterministic. Sampled decoding drafts a chain drawn
+from q: the target's sampling warp applied to the head's logits over the full vocabulary,
+where every token outside the draft vocabulary has probability zero.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import torch
+
+from specd import Draft, DraftContext, Drafter, Target, sample, warp
+
+from .head import EagleHead
+from .headfile import RANDOM, load_head, random_head, shipped_head
+
+
+@dataclass
+class _Node:
+    token: int
+    parent: int  # index into the node list, -1: the root
+    depth: int  # 1 for children of the root
+    score: float  # log probability of the path
+    feat: torch.Tensor  # [H] predicted feature this node's token was read from
+    entry: int = -1  # cache index of this node's head entry, once expanded
+
+
+class EagleDrafter(Drafter):
+    """:param head: path of a head file (default: the head shipped for the target's model;
+    ``random``: an untrained head, for tests).
+    :param topk: children per expanded node (greedy trees). :param width: nodes expanded
+    per depth (greedy trees). :param window: true entries the head attends to.
+    :param max_draft: cap on draft nodes per step."""
+
+    name = "eagle"
+    wants_hidden = True
+    # the conformance suite's tiny targets have no trained head
+    conformance_options: ClassVar[dict[str, object]] = {"head": RANDOM}
+
+    def __init__(
+        self,
+        head: str | None = None,
+        topk: int = 2,
+        width: int = 2,
+        window: int = 512,
+        max_draft: int = 8,
+    ) -> None:
+        self.head_path = None if head is None else Path(head)
+        self.topk = max(1, int(topk))
+        self.width = max(1, int(width))
+        self.window = max(1, int(window))
+        self.max_draft = int(max_draft)
+        self._for: Target | None = None
+        self._head: EagleHead | None = None
+        self._reset()
+
+    # -- state ----------------------------------------------------------------------------
+
+    def _reset(self) -> None:
+        self._k: torch.Tensor | None = None  # [1, kv, S, D] keys of the head's entries
+        self._v: torch.Tensor | None = None
+        self._pos: list[int] = []  # position of each true entry (ascending)
+        self._outs: list[torch.Tensor] = []  # [H] the head's output for each true entry
+        self._ins: list[torch.Tensor] = []  # [H] the target feature each true entry read
+        self._tokens: list[int] = []  # the sequence the entries describe
+        self._feat: torch.Tensor | None = None  # [P, H] features not yet fed
+        self._feat_start = 0  # position of self._feat[0]
+
+    def _load(self, target: Target) -> EagleHead:
+        if self._head is None or self._for is not target:
+            if self.head_path == Path(RANDOM):
+                self._head = random_head(target)
+            else:
+                path = self.head_path or shipped_head(target)
+                if path is None:
+                    raise FileNotFoundError(
+                        f"no EAGLE head ships for {target.name!r}; train one with "
+                        f"'specd train eagle --model {target.name} --data PATH --out HEAD' and "
+                        "pass --drafter-option head=HEAD"
+                    )
+                self._head = load_head(path, target)
+            self._for = target
+            model = target.model
+            vocab = self._head.draft_vocab
+            self._embed = model.get_input_embeddings().weight
+            self._lm_rows = model.get_output_embeddings().weight[vocab]  # [Vd, H]
+            self._reset()
+        return self._head
+
+    def _crop(self, entries: int) -> None:
+        """Keep the first ``entries`` cache entries (true ones, or true plus draft ones)."""
+        if self._k is not None:
+            self._k = self._k[:, :, :entries]
+            self._v = self._v[:, :, :entries]  # type: ignore[index]
+
+    def _take_features(self, ctx: DraftContext) -> None:
+        """Queue ``ctx.hidden``: the features of the tokens just before the pending one."""
+        hidden, ctx.hidden = ctx.hidden, None
+        if hidden is None or hidden.shape[0] == 0:
+            return
+        feat = hidden  # the target's features: its last hidden states after the final norm
+        start = len(ctx.tokens) - 1 - feat.shape[0]
+        if self._feat is not None and self._feat_start + self._feat.shape[0] == start:
+            self._feat = torch.cat([self._feat, feat])
+        else:
+            self._feat, self._feat_start = feat, start
+
+    # -- the Drafter interface ------------------------------------------------------------
+
+    def start(self, ctx: DraftContext) -> None:
+        if ctx.target is None:
+            raise RuntimeError("eagle needs the target")
+        self._load(ctx.target)
+        # keep the entries of the longest common prefix: entry p describes tokens p, p + 1
+        same = 0
+        for a, b in zip(self._tokens, ctx.tokens):
+            if a != b:
+                break
+            same += 1
+        keep = bisect.bisect_right(self._pos, same - 2)
+        # the last common token's feature is still right; only the token after it changed
+        self._feat = None
+        if keep < len(self._pos) and self._pos[keep] == same - 1:
+            self._feat, self._feat_start = self._ins[keep][None], same - 1
+        del self._pos[keep:], self._outs[keep:], self._ins[keep:]
+        self._crop(keep)
+        self._tokens = ctx.tokens
+        self._take_features(ctx)
+
+    def commit(self, ctx: DraftContext, new_tokens: Sequence[int], accepted: int) -> None:
+        self._take_features(ctx)
+
+    def finish(self, ctx: DraftContext) -> None:
+        self._tokens = list(ctx.tokens)
+
+    @torch.inference_mode()
+    def propose(self, ctx: DraftContext, budget: int) -> Draft | None:
+        head = self._head
+        assert head is not None
+        budget = min(budget, self.max_draft)
+        self._tokens = ctx.tokens
+        pending = len(ctx.tokens) - 1
+        self._feed(ctx.tokens, pending)
+        if not self._pos or self._pos[-1] != pending - 1 or budget <= 0:
+            return None  # no feature for the token before the pending one yet
+        true = len(self._pos)
+        try:
+            if ctx.params.greedy:
+                nodes = self._tree(ctx, budget, pending)
+                return _as_draft(nodes, None)
+            return self._chain(ctx, budget, pending)
+        finally:
+            self._crop(true)
+
+    # -- drafting -------------------------------------------------------------------------
+
+    def _feed(self, tokens: list[int], pending: int) -> None:
+        """Append true entries for every queued feature whose next token is known."""
+        if self._feat is None:
+            return
+        start, end = self._feat_start, self._feat_start + self._feat.shape[0]
+        first = max(start, self._pos[-1] + 1 if self._pos else 0)
+        last = min(end, pending)  # exclusive: the pending token's feature comes later
+        if first < last:
+            feat = self._feat[first - start : last - start]
+            nxt = torch.tensor(tokens[first + 1 : last + 1], device=feat.device)
+            out = self._entries(feat, nxt, list(range(first, last)), None)
+            self._pos.extend(range(first, last))
+            self._outs.extend(out)
+            self._ins.extend(feat)
+        if last >= end:
+            self._feat = None
+        elif last > start:
+            self._feat, self._feat_start = self._feat[last - start :], last
+
+    def _entries(
+        self,
+        feat: torch.Tensor,
+        tokens: torch.Tensor,
+        positions: list[int],
+        ancestors: list[list[int]] | None,
+    ) -> torch.Tensor:
+        """Run the head over new entries and append them to its cache.
+
+        :param ancestors: per entry, the cache indices of the draft entries it may see
+            besides the true ones (None: true entries in causal order).
+        :returns: the predicted next features ``[T, H]``."""
+        head = self._head
+        assert head is not None
+        x = head.entries(feat[None], self._embed[tokens][None])  # [1, T, H]
+        pos = torch.tensor(positions, device=x.device)
+        q, k, v = head.keys_values(x, pos)
+        true = len(self._pos)
+        old = 0 if self._k is None else self._k.shape[2]
+        self._k = k if self._k is None else torch.cat([self._k, k], 2)
+        self._v = v if self._v is None else torch.cat([self._v, v], 2)
+        t, s = k.shape[2], self._k.shape[2]
+        lo = max(0, true - self.window)  # the oldest true entry still attended to
+        if ancestors is None:
+            mask = torch.ones(t, s, dtype=torch.bool, device=x.device).tril_(s - t)
+        else:
+            mask = torch.zeros(t, s, dtype=torch.bool, device=x.device)
+            mask[:, :true] = True
+            for row, seen in enumerate(ancestors):
+                mask[row, seen] = True
+                mask[row, old + row] = True
+        mask[:, : min(lo, old)] = False
+        return head.finish(x, q, self._k, self._v, mask)[0]
+
+    def _tree(self, ctx: DraftContext, budget: int, pending: int) -> list[_Node]:
+        nodes: list[_Node] = []
+        frontier = self._children(-1, self._outs[-1], 0.0, 1, nodes)
+        for depth in range(2, budget + 1):
+            frontier = sorted(frontier, key=lambda i: -nodes[i].score)[: self.width]
+            if not frontier or not ctx.keep_drafting(depth - 1, math.exp(nodes[frontier[0]].score)):
+                break
+            outs = self._expand(frontier, nodes, pending)
+            frontier = [
+                c
+                for i, out in zip(frontier, outs)
+                for c in self._children(i, out, nodes[i].score, depth, nodes)
+            ]
+        # the budget most probable nodes; a parent is never less probable than its child
+        chosen = sorted(range(len(nodes)), key=lambda i: (-nodes[i].score, nodes[i].depth))
+        return _closed(nodes, chosen[:budget])
+
+    def _children(
+        self, parent: int, feat: torch.Tensor, score: float, depth: int, nodes: list[_Node]
+    ) -> list[int]:
+        logp = torch.log_softmax((feat @ self._lm_rows.T).float(), -1)  # [Vd]
+        top = logp.topk(min(self.topk, logp.numel()))
+        vocab = self._head.draft_vocab  # type: ignore[union-attr]
+        made = []
+        for lp, i in zip(top.values.tolist(), top.indices.tolist()):
+            nodes.append(_Node(int(vocab[i]), parent, depth, score + lp, feat))
+            made.append(len(nodes) - 1)
+        return made
+
+    def _expand(self, frontier: list[int], nodes: list[_Node], pending: int) -> torch.Tensor:
+        """One head call for the frontier nodes' entries. :returns: their outputs ``[F, H]``."""
+        base = 0 if self._k is None else self._k.shape[2]
+        seen = []
+        for i in frontier:
+            anc, p = [], nodes[i].parent
+            while p >= 0:
+                anc.append(nodes[p].entry)
+                p = nodes[p].parent
+            seen.append(anc)
+        feat = torch.stack([nodes[i].feat for i in frontier])
+        tokens = torch.tensor([nodes[i].token for i in frontier], device=feat.device)
+        positions = [pending + nodes[i].depth - 1 for i in frontier]
+        outs = self._entries(feat, tokens, positions, seen)
+        for row, i in enumerate(frontier):
+            nodes[i].entry = base + row
+        return outs
+
+    def _chain(self, ctx: DraftContext, budget: int, pending: int) -> Draft | None:
+        feat = self._outs[-1]
+        vocab = self._head.draft_vocab  # type: ignore[union-attr]
+        tokens: list[int] = []
+        rows: list[torch.Tensor] = []
+        for position in range(budget):
+            logits = torch.full((ctx.vocab_size,), float("-inf"), device=feat.device)
+            logits[vocab] = (feat @ self._lm_rows.T).float()
+            q = warp(logits, ctx.params)  # [V], zero outside the draft vocabulary
+            token = sample(q, ctx.generator)
+            tokens.append(token)
+            rows.append(q)
+            if position + 1 == budget or not ctx.keep_drafting(position + 1, float(q[token])):
+                break
+            # the chain's draft entries so far sit right after the true ones
+            earlier = list(range(len(self._pos), len(self._pos) + position))
+            tok = torch.tensor([token], device=feat.device)
+            feat = self._entries(feat[None], tok, [pending + position], [earlier])[0]
+        return Draft.chain(tokens, q=torch.stack(rows).cpu())
+
+
+def _closed(nodes: list[_Node], chosen: list[int]) -> list[_Node]:
+    """The chosen nodes with every ancestor, parents first, re-indexed."""
+    keep: set[int] = set()
+    for i in chosen:
+        while i >= 0 and i not in keep:
+            keep.add(i)
+            i = nodes[i].parent
+    order = sorted(keep, key=lambda i: (nodes[i].depth, -nodes[i].score))
+    index = {old: new for new, old in enumerate(order)}
+    return [
+        _Node(n.token, index.get(n.parent, -1), n.depth, n.score, n.feat)
+        for n in (nodes[i] for i in order)
+    ]
+
+
+def _as_draft(nodes: list[_Node], q: torch.Tensor | None) -> Draft | None:
+    if not nodes:
+        return None
+    return Draft(tokens=[n.token for n in nodes], parents=[n.parent for n in nodes], q=q)

@@ -1,0 +1,189 @@
+"""The EAGLE head: one decoder layer that predicts the target's next feature.
+
+A *feature* is the target's last hidden state after its final norm, the vector its LM head
+reads. Entry ``j`` of the head's sequence is ``fc([f_j, e(x_{j+1})])``: the feature of
+token ``j`` and the embedding of the token that followed it. The layer (self-attention over
+earlier entries, then an MLP) maps it to a prediction of ``f_{j+1}``, which the target's own
+LM head, restricted to the draft vocabulary, turns into a distribution for ``x_{j+2}``.
+
+While drafting, the head feeds its own predictions back as the next entry's feature. The
+training-time test (:meth:`EagleHead.unrolled`) trains it on exactly that: at unroll step
+``s`` the entry at position ``j`` carries the feature predicted at step ``s - 1`` and
+attends to true entries up to ``j - s + 1`` and to the predicted entries between, the way
+a draft chain sees them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    """Shapes of a head; taken from the target's configuration."""
+
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    rope_theta: float
+    eps: float
+
+    @classmethod
+    def for_target(cls, config: Any) -> HeadConfig:
+        cfg = config.get_text_config(decoder=True)
+        heads = int(cfg.num_attention_heads)
+        hidden = int(cfg.hidden_size)
+        rope = getattr(cfg, "rope_theta", None)
+        if rope is None:
+            params = getattr(cfg, "rope_parameters", None) or {}
+            rope = params.get("rope_theta", 10000.0)
+        return cls(
+            hidden=hidden,
+            heads=heads,
+            kv_heads=int(getattr(cfg, "num_key_value_heads", None) or heads),
+            head_dim=int(getattr(cfg, "head_dim", None) or hidden // heads),
+            intermediate=int(cfg.intermediate_size),
+            rope_theta=float(rope),
+            eps=float(getattr(cfg, "rms_norm_eps", 1e-6)),
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> HeadConfig:
+        return cls(**json.loads(text))
+
+
+class EagleHead(nn.Module):
+    """:param config: shapes. :param draft_vocab: ``[Vd]`` target token ids the head may
+    propose (the most frequent next tokens of the training corpus)."""
+
+    draft_vocab: torch.Tensor  # [Vd] buffers, declared for type checkers
+    inv_freq: torch.Tensor  # [D / 2]
+
+    def __init__(self, config: HeadConfig, draft_vocab: torch.Tensor) -> None:
+        super().__init__()
+        c = config
+        self.config = c
+        self.fc = nn.Linear(2 * c.hidden, c.hidden, bias=False)
+        self.ln1 = nn.Parameter(torch.ones(c.hidden))
+        self.ln2 = nn.Parameter(torch.ones(c.hidden))
+        self.wq = nn.Linear(c.hidden, c.heads * c.head_dim, bias=False)
+        self.wk = nn.Linear(c.hidden, c.kv_heads * c.head_dim, bias=False)
+        self.wv = nn.Linear(c.hidden, c.kv_heads * c.head_dim, bias=False)
+        self.wo = nn.Linear(c.heads * c.head_dim, c.hidden, bias=False)
+        self.gate = nn.Linear(c.hidden, c.intermediate, bias=False)
+        self.up = nn.Linear(c.hidden, c.intermediate, bias=False)
+        self.down = nn.Linear(c.intermediate, c.hidden, bias=False)
+        self.register_buffer("draft_vocab", draft_vocab.to(torch.long), persistent=True)
+        inv = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2).float() / c.head_dim))
+        self.register_buffer("inv_freq", inv, persistent=False)
+
+    # -- pieces -------------------------------------------------------------------------
+
+    def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.config.eps)
+        return w * xf.to(x.dtype)
+
+    def _rope(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """x: ``[B, h, T, D]``, pos: ``[T]`` absolute positions."""
+        ang = pos.to(self.inv_freq.dtype)[:, None] * self.inv_freq[None]  # [T, D/2]
+        ang = torch.cat([ang, ang], dim=-1)
+        cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
+        half = x.shape[-1] // 2
+        return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+    def entries(self, feat: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+        """The layer's input: ``fc([f_j, e(x_{j+1})])``, ``[B, T, H]``."""
+        return self.fc(torch.cat([feat, emb], dim=-1))
+
+    def keys_values(
+        self, x: torch.Tensor, pos: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries ``[B, h, T, D]``, keys and values ``[B, kv, T, D]`` of entries ``x``."""
+        c = self.config
+        b, t, _ = x.shape
+        h = self._rms(x, self.ln1)
+        q = self.wq(h).view(b, t, c.heads, c.head_dim).transpose(1, 2)
+        k = self.wk(h).view(b, t, c.kv_heads, c.head_dim).transpose(1, 2)
+        v = self.wv(h).view(b, t, c.kv_heads, c.head_dim).transpose(1, 2)
+        return self._rope(q, pos), self._rope(k, pos), v
+
+    def finish(
+        self,
+        x: torch.Tensor,
+        q: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Attention of ``q`` over ``keys``/``values`` (``mask``: ``[T, S]`` bool, True =
+        may attend; None = causal with the queries last), then the MLP.
+        :returns: predicted next features ``[B, T, H]``."""
+        c = self.config
+        b, t, _ = x.shape
+        rep = c.heads // c.kv_heads
+        if rep > 1:
+            keys = keys.repeat_interleave(rep, dim=1)
+            values = values.repeat_interleave(rep, dim=1)
+        if mask is None:
+            s = keys.shape[2]
+            mask = torch.ones(t, s, dtype=torch.bool, device=x.device).tril_(s - t)
+        o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        h = x + self.wo(o.transpose(1, 2).reshape(b, t, c.heads * c.head_dim))
+        m = self._rms(h, self.ln2)
+        return h + self.down(F.silu(self.gate(m)) * self.up(m))
+
+    # -- training -----------------------------------------------------------------------
+
+    def unrolled(self, feat: torch.Tensor, emb: torch.Tensor, steps: int) -> list[torch.Tensor]:
+        """Predicted features at each unroll step (the training-time test).
+
+        :param feat: ``[B, T, H]`` true features f_j. :param emb: ``[B, T, H]`` embeddings of
+            x_{j+1}. :param steps: how many draft positions to train.
+        :returns: ``steps`` tensors ``[B, T, H]``; step s's row j predicts f_{j+1} having
+            fed predictions for the last s - 1 entries (rows j < s - 1 have no such chain).
+        """
+        t = feat.shape[1]
+        pos = torch.arange(t, device=feat.device)
+        outs: list[torch.Tensor] = []
+        keys: list[torch.Tensor] = []
+        values: list[torch.Tensor] = []
+        x_feat = feat
+        for s in range(steps):
+            x = self.entries(x_feat, emb)
+            q, k, v = self.keys_values(x, pos)
+            keys.append(k)
+            values.append(v)
+            mask = _unroll_mask(t, s, feat.device)
+            out = self.finish(x, q, torch.cat(keys, 2), torch.cat(values, 2), mask)
+            outs.append(out)
+            # the next step's entry j carries the feature this step predicted for it
+            x_feat = torch.cat([torch.zeros_like(out[:, :1]), out[:, :-1]], dim=1)
+        return outs
+
+    def logits(self, feat: torch.Tensor, lm_head: torch.Tensor) -> torch.Tensor:
+        """Scores over the draft vocabulary ``[..., Vd]`` from predicted features, through
+        the rows ``lm_head`` ``[Vd, H]`` of the target's LM head."""
+        return feat @ lm_head.T
+
+
+def _unroll_mask(t: int, step: int, device: torch.device) -> torch.Tensor:
+    """``[T, (step + 1) * T]``: at unroll step ``s`` (0-based) query j sees true entries
+    ``0..j - s`` and, from each step m in 1..s, the entry at ``j - s + m`` (itself at m = s,
+    so no row is empty)."""
+    j = torch.arange(t, device=device)
+    blocks = [j[None, :] <= (j[:, None] - step)]
+    for m in range(1, step + 1):
+        blocks.append(j[None, :] == (j[:, None] - step + m))
+    return torch.cat(blocks, dim=1)

@@ -1,0 +1,198 @@
+"""The EAGLE drafter: exact output, a head cache in step with the engine's, the true q, the
+training-time test drafting the way the drafter does, and the head file's refusal."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from specd.plugins.eagle.drafter import EagleDrafter
+from specd.plugins.eagle.head import EagleHead, HeadConfig
+from specd.plugins.eagle.headfile import (
+    HeadMismatchError,
+    load_head,
+    random_head,
+    save_head,
+    shipped_head,
+)
+
+from specd import DraftContext, Engine, SamplingParams, Target
+from specd.tiny import tiny_model, tiny_target
+
+VOCAB = 48
+TARGET = tiny_target(VOCAB, seed=2, logit_scale=30.0, num_layers=2)
+DRAFT_VOCAB = 40  # tokens 40..47 can never be drafted
+
+
+@pytest.fixture(scope="module")
+def head_file(tmp_path_factory):
+    """A fully random head (every weight random, unlike ``head=random``) for TARGET."""
+    torch.manual_seed(1)
+    head = EagleHead(HeadConfig.for_target(TARGET.config), torch.arange(DRAFT_VOCAB))
+    path = tmp_path_factory.mktemp("heads") / "tiny.safetensors"
+    save_head(path, head.to(torch.float64), TARGET, "specd train eagle --model tiny")
+    return str(path)
+
+
+def engine(head_file, **options) -> Engine:
+    return Engine(
+        TARGET, drafter_options={"eagle": {"head": head_file, **options}}, exit_policy="fixed"
+    )
+
+
+@settings(max_examples=20)
+@given(
+    prompt=st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=24),
+    shape=st.sampled_from([(1, 1), (2, 2), (3, 2)]),
+)
+def test_greedy_eagle_is_identical_to_plain(head_file, prompt, shape):
+    topk, width = shape
+    e = engine(head_file, topk=topk, width=width)
+    params = SamplingParams(max_tokens=16)
+    spec = e.generate(prompt, params, drafter="eagle")
+    # a malformed draft would fall back to plain decoding and still match: rule that out
+    assert spec.stats.fallback is None and spec.stats.drafted > 0
+    assert spec.token_ids == e.generate(prompt, params, drafter="none").token_ids
+
+
+def test_both_forward_paths_return_the_features_the_lm_head_reads():
+    """Bug guarded: the lean forward returned the hidden states before the final norm and
+    Hugging Face's forward after it, so a head trained on one read garbage on the other."""
+    model = tiny_model(VOCAB, seed=4)
+    outs = []
+    for fast in (True, False):
+        target = Target(model, TARGET.tokenizer, fast=fast)
+        outs.append(target.forward(target.new_cache(), [3, 1, 4, 1, 5], hidden=True))
+    torch.testing.assert_close(outs[0].hidden, outs[1].hidden)
+    with torch.no_grad():
+        logits = model.lm_head(outs[0].hidden.clone())
+    torch.testing.assert_close(logits, outs[0].logits)
+
+
+def _fresh_outputs(head: EagleHead, tokens: list[int]) -> torch.Tensor:
+    """The head's teacher-forced outputs for every position of ``tokens``, from scratch."""
+    with torch.inference_mode():
+        out = TARGET.forward(TARGET.new_cache(), tokens, hidden=True)
+        feat = out.hidden
+        emb = TARGET.model.get_input_embeddings().weight[torch.tensor(tokens[1:])]
+        return head.unrolled(feat[None, :-1], emb[None], 1)[0][0]  # [T - 1, H]
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (3, 2)])
+def test_the_head_cache_follows_commits_rollbacks_and_requests(head_file, shape):
+    """Bug guarded: draft entries left in the head's cache after a step, or true entries fed
+    at the wrong position, make later drafts read a context the target never had."""
+    topk, width = shape
+    e = engine(head_file, topk=topk, width=width)
+    params = SamplingParams(max_tokens=20)
+    # the second and third prompts share a prefix with the first (prefix reuse, rollback)
+    for prompt in ([5, 9, 3, 7, 1, 2], [5, 9, 3, 7, 11, 4, 8], [5, 9, 3, 7, 11, 4, 8, 2, 6]):
+        e.generate(prompt, params, drafter="eagle")
+        drafter = e.plugins.drafter("eagle")
+        assert isinstance(drafter, EagleDrafter) and drafter._head is not None
+        fresh = _fresh_outputs(drafter._head, drafter._tokens)
+        assert drafter._pos == list(range(len(drafter._pos)))
+        assert len(drafter._pos) >= len(drafter._tokens) - 3
+        torch.testing.assert_close(torch.stack(drafter._outs), fresh[: len(drafter._pos)])
+
+
+def _ctx(prompt: list[int], params: SamplingParams) -> DraftContext:
+    cache, hidden = TARGET.new_cache(), []
+    TARGET.prefill(cache, prompt[:-1], None, hidden)
+    return DraftContext(
+        tokens=list(prompt),
+        params=params,
+        generator=torch.Generator().manual_seed(0),
+        vocab_size=VOCAB,
+        target=TARGET,
+        cache=cache,
+        hidden=torch.cat(hidden),
+    )
+
+
+def test_sampled_drafts_carry_q_over_the_full_vocabulary(head_file):
+    drafter = EagleDrafter(head=head_file)
+    ctx = _ctx([3, 1, 4, 1, 5, 9, 2, 6], SamplingParams(temperature=1.0, seed=0))
+    drafter.start(ctx)
+    draft = drafter.propose(ctx, 4)
+    assert draft is not None and draft.is_chain and draft.q is not None
+    assert draft.q.shape == (len(draft), VOCAB)
+    torch.testing.assert_close(draft.q.sum(-1).double(), torch.ones(len(draft)).double())
+    # q is zero outside the draft vocabulary, and each token was drawn where q > 0
+    assert (draft.q[:, DRAFT_VOCAB:] == 0).all()
+    assert all(draft.q[i, t] > 0 for i, t in enumerate(draft.tokens))
+    # row 0 is the softmax of the head's logits over its vocabulary, from the last entry
+    with torch.no_grad():
+        logits = torch.full((VOCAB,), float("-inf"), dtype=torch.float64)
+        logits[:DRAFT_VOCAB] = drafter._outs[-1] @ TARGET.model.lm_head.weight[:DRAFT_VOCAB].T
+    torch.testing.assert_close(draft.q[0], logits.softmax(-1).float())
+
+
+def test_the_training_time_test_sees_what_a_draft_chain_sees():
+    """Bug guarded: an unroll mask that lets step s see entries a chain drafted after row r
+    has not made (or hides ones it has) trains the head on a context drafting never has."""
+    torch.manual_seed(0)
+    head = random_head(TARGET).double()
+    torch.nn.init.normal_(head.fc.weight, std=0.2)  # not the pass-through of head=random
+    t, r = 10, 5
+    feat = torch.randn(1, t, head.config.hidden, dtype=torch.float64)
+    emb = torch.randn(1, t, head.config.hidden, dtype=torch.float64)
+    unrolled = head.unrolled(feat, emb, 3)
+    with torch.no_grad():
+        # true entries 0..r in causal order, then a chain fed its own predictions
+        x = head.entries(feat[:, : r + 1], emb[:, : r + 1])
+        q, keys, values = head.keys_values(x, torch.arange(r + 1))
+        out = head.finish(x, q, keys, values, None)[:, -1:]
+        for step in (1, 2):
+            pos = r + step
+            x = head.entries(out, emb[:, pos : pos + 1])
+            q, k, v = head.keys_values(x, torch.tensor([pos]))
+            keys, values = torch.cat([keys, k], 2), torch.cat([values, v], 2)
+            out = head.finish(x, q, keys, values, None)
+            torch.testing.assert_close(out[0, 0], unrolled[step][0, pos])
+
+
+def test_a_head_for_another_target_is_refused(head_file):
+    other = Target(tiny_model(VOCAB, seed=3), TARGET.tokenizer, name="other-model")
+    with pytest.raises(HeadMismatchError) as err:
+        load_head(head_file, other)
+    assert "'tiny'" in str(err.value) and "'other-model'" in str(err.value)
+    # through the engine the request decodes plainly and says why
+    e = Engine(other, drafter_options={"eagle": {"head": head_file}})
+    out = e.generate([1, 2, 3], SamplingParams(max_tokens=4), drafter="eagle")
+    assert "trained for 'tiny'" in out.stats.fallback
+    assert load_head(head_file, TARGET).draft_vocab.tolist() == list(range(DRAFT_VOCAB))
+
+
+def test_no_shipped_head_falls_back_with_the_command_to_train_one():
+    assert shipped_head(TARGET) is None
+    out = Engine(TARGET).generate([1, 2], SamplingParams(max_tokens=3), drafter="eagle")
+    assert "specd train eagle --model tiny" in out.stats.fallback
+
+
+@pytest.mark.slow
+def test_real_model_eagle_and_hybrid_are_exact(real_engine):
+    if shipped_head(real_engine.target) is None:
+        pytest.fail("no EAGLE head ships for the default model")
+    prompt = "import os\n\n\ndef list_python_files(root):\n    "
+    params = SamplingParams(max_tokens=32)
+    e = Engine(real_engine.target)
+    plain = e.generate(prompt, params, drafter="none").token_ids
+    for name in ("eagle", "hybrid"):
+        out = e.generate(prompt, params, drafter=name)
+        assert out.stats.fallback is None and out.stats.drafted > 0
+        assert out.token_ids == plain, name
+
+
+def test_a_seed_gives_the_same_tokens_whatever_the_drafter_saw_before(head_file):
+    """Bug guarded: after a prefix-cache hit on a prompt the drafter had no features for,
+    its first steps were plain, so the same seed drew other tokens than on a cold start."""
+    e = engine(head_file)
+    prompt = [5, 9, 3, 7, 1, 2, 8, 4]
+    params = SamplingParams(max_tokens=12, temperature=1.0, seed=7)
+    cold = e.generate(prompt, params, drafter="eagle").token_ids
+    e.generate([30, 31, 32], params, drafter="eagle")  # the drafter's own history moves on
+    warm = e.generate(prompt, params, drafter="eagle")
+    assert warm.stats.reused_tokens == len(prompt) - 1
+    assert warm.token_ids == cold

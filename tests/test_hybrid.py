@@ -1,0 +1,94 @@
+"""The hybrid drafter: who is asked when, one merged tree, exact output."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from specd.plugins.eagle.hybrid import HybridDrafter, merge
+
+from specd import BadInputError, Draft, DraftContext, Drafter, Engine, SamplingParams
+from specd.tiny import tiny_target
+
+VOCAB = 48
+TARGET = tiny_target(VOCAB, seed=2, logit_scale=30.0, num_layers=2)
+
+
+class Fixed(Drafter):
+    """Proposes a given draft, cut to the budget, and records the budgets it was given."""
+
+    def __init__(self, draft: Draft | None) -> None:
+        self.draft = draft
+        self.budgets: list[int] = []
+
+    def propose(self, ctx, budget):
+        self.budgets.append(budget)
+        if self.draft is None:
+            return None
+        return Draft.chain(
+            self.draft.tokens[:budget], None if self.draft.q is None else self.draft.q[:budget]
+        )
+
+
+def hybrid(*drafts: Draft | None, min_len: int = 2) -> tuple[HybridDrafter, list[Fixed]]:
+    h = HybridDrafter(drafters="ngram", min_len=min_len)
+    h.parts = [Fixed(d) for d in drafts]
+    return h, h.parts  # type: ignore[return-value]
+
+
+def ctx() -> DraftContext:
+    return DraftContext(
+        tokens=[1, 2], params=SamplingParams(), generator=torch.Generator(), vocab_size=VOCAB
+    )
+
+
+def test_a_long_enough_first_draft_is_used_and_the_rest_are_not_asked():
+    h, (first, second) = hybrid(Draft.chain([5, 6, 7]), Draft.chain([9, 9]))
+    assert h.propose(ctx(), 8).tokens == [5, 6, 7]
+    assert second.budgets == []
+
+
+def test_a_short_draft_is_merged_with_the_next_parts_draft_within_the_budget():
+    h, (first, second) = hybrid(Draft.chain([5]), Draft.chain([5, 8, 9, 10]))
+    draft = h.propose(ctx(), 4)
+    # the shared first token is one node; the second part drafted with what was left
+    assert second.budgets == [3]
+    assert (draft.tokens, draft.parents) == ([5, 8, 9], [-1, 0, 1])
+
+
+def test_a_sampled_draft_is_used_alone():
+    q = torch.full((2, VOCAB), 1.0 / VOCAB)
+    h, _ = hybrid(Draft.chain([5]), Draft.chain([7, 8], q=q))
+    draft = h.propose(ctx(), 4)
+    assert draft.tokens == [7, 8] and draft.q is not None
+
+
+def test_merge_shares_equal_paths_and_keeps_siblings_distinct():
+    """Bug guarded: the same path drafted by two parts verified twice, as equal siblings
+    (a deterministic draft's siblings must differ)."""
+    merged = merge([Draft.chain([1, 2]), Draft.chain([1, 2, 3])], 8)
+    assert (merged.tokens, merged.parents) == ([1, 2, 3], [-1, 0, 1])
+    tree = Draft(tokens=[1, 7, 8], parents=[-1, 0, 0])
+    merged = merge([Draft.chain([1, 2]), tree], 8)
+    assert (merged.tokens, merged.parents) == ([1, 2, 7, 8], [-1, 0, 0, 0])
+    assert merge([Draft.chain([1, 2]), Draft.chain([3, 4, 5])], 3).tokens == [1, 2, 3]
+
+
+def test_bad_part_options_name_the_option():
+    with pytest.raises(BadInputError, match="'eagle_head'"):
+        HybridDrafter(eagle_head="x")
+    with pytest.raises(BadInputError, match="other drafters"):
+        HybridDrafter(drafters="hybrid")
+
+
+@settings(max_examples=15)
+@given(prompt=st.lists(st.integers(0, 7), min_size=1, max_size=30))
+def test_greedy_hybrid_is_identical_to_plain(prompt):
+    engine = Engine(
+        TARGET, drafter_options={"hybrid": {"eagle.head": "random"}}, exit_policy="fixed"
+    )
+    params = SamplingParams(max_tokens=16)
+    spec = engine.generate(prompt, params, drafter="hybrid")
+    assert spec.stats.fallback is None and spec.stats.drafted > 0
+    assert spec.token_ids == engine.generate(prompt, params, drafter="none").token_ids
