@@ -227,19 +227,23 @@ class RemoteGeneration:
         conn = self.backend.connect()
         why: list[str] = []
         done = threading.Event()
+        cancel, deadline = self.cancel, self.deadline
 
+        # Holds only what it needs and is joined below: a thread that outlived the request
+        # with the last reference to the engine would free the model while Python exits.
         def watch() -> None:
             while not done.wait(POLL_S):
-                if self.cancel is not None and self.cancel():
+                if cancel is not None and cancel():
                     why.append("cancelled")
-                elif self.deadline is not None and time.monotonic() > self.deadline:
+                elif deadline is not None and time.monotonic() > deadline:
                     why.append("time")
                 else:
                     continue
                 _hang_up(conn)
                 return
 
-        threading.Thread(target=watch, daemon=True, name="specd-backend-watch").start()
+        watcher = threading.Thread(target=watch, daemon=True, name="specd-backend-watch")
+        watcher.start()
         text, finish = "", ""
         ids: list[int] = []
         try:
@@ -285,6 +289,7 @@ class RemoteGeneration:
                     raise BackendError(f"--backend {self.backend.url}: {e}") from None
         finally:
             done.set()
+            watcher.join()
             conn.close()
         if why:
             finish = why[0]

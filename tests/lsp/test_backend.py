@@ -211,6 +211,20 @@ def test_backend_http_error_names_the_backend(http_server):
         list(backend.stream("x", SamplingParams(max_tokens=100_000)))
 
 
+def test_no_watcher_thread_outlives_a_remote_generation(http_server):
+    """Guards against the cancel watcher outliving its request: holding the last reference
+    to the engine, it freed the model during Python's shutdown, which aborts the process
+    (``specd complete --backend`` exited -6 after printing its answer)."""
+    engine = Engine.load("tiny")
+    ok = Backend(f"http://127.0.0.1:{http_server.port}/v1", engine.tokenizer, engine.tokenize)
+    refused = Backend("http://127.0.0.1:9/v1", engine.tokenizer, engine.tokenize)
+    list(ok.stream("def f():", SamplingParams(max_tokens=4)))
+    with pytest.raises(BackendError, match="127.0.0.1:9"):
+        list(refused.stream("def f():", SamplingParams(max_tokens=4)))
+    names = [t.name for t in threading.enumerate()]
+    assert "specd-backend-watch" not in names
+
+
 class _Tok:
     """One token per character; control tokens from 1_000_000."""
 
