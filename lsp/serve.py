@@ -76,12 +76,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # stdout carries the protocol: anything else printed by accident goes to stderr
         stdout = sys.stdout.buffer
         sys.stdout = sys.stderr
-        return run_stdio(service, sys.stdin.buffer, stdout)
+        code = run_stdio(service, sys.stdin.buffer, stdout)
+    else:
 
-    def ready(host: str, port: int) -> None:
-        print(f"specd: serving on {host}:{port}", file=sys.stderr, flush=True)
+        def ready(host: str, port: int) -> None:
+            print(f"specd: serving on {host}:{port}", file=sys.stderr, flush=True)
 
-    return run_tcp(service, sock, ready=ready)
+        code = run_tcp(service, sock, ready=ready)
+    if loader.is_alive():
+        # Told to exit while the model loads: Python's own shutdown would stop the loader
+        # inside torch and abort, so end here, with what is buffered written out.
+        logging.shutdown()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 def _load(service: Any, args: argparse.Namespace, cache: dict[str, int]) -> None:
