@@ -69,3 +69,13 @@ class Verdict:
 
     path: list[int]
     token: int
+
+
+@dataclass
+class Step:
+    """What one target step decided, handed from ``Engine.verify`` to ``Engine.commit``."""
+
+    base: int  # cache length before the step: the pending token's position
+    draft: Draft | None
+    verdict: Verdict
+    hidden: torch.Tensor | None  # [1 + N, H] when the drafter wants hidden states

@@ -17,13 +17,12 @@ import functools
 import threading
 import time
 from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from .api import DraftContext
-from .draft import Draft, Verdict
+from .draft import Draft, Step, Verdict
 from .errors import BadInputError
 from .generation import Completion, Delta, Emitter, Generation
 from .healing import Constraint, Guide, TokenBytes, heal
@@ -31,7 +30,7 @@ from .isolation import PluginGuard
 from .kvcache import KVCache
 from .ngram_index import Corpus
 from .prefix_cache import PrefixCache
-from .sampling import SamplingParams, make_generator, sample, warp
+from .sampling import SamplingParams, choose, make_generator, warp
 from .speculation import NO_DRAFTER, PluginInstances, Request, Speculation, check_exact, check_names
 from .stats import Stats
 from .target import Target
@@ -39,17 +38,6 @@ from .target import Target
 #: Tokens a warm-up prefills between two looks at its cancel check: a request waits at
 #: most this long for the warm-up it interrupts.
 WARM_CHUNK = 64
-
-
-@dataclass
-class Step:
-    """What one target step decided, handed from :meth:`Engine.verify` to
-    :meth:`Engine.commit`."""
-
-    base: int  # cache length before the step: the pending token's position
-    draft: Draft | None
-    verdict: Verdict
-    hidden: torch.Tensor | None  # [1 + N, H] when the drafter wants hidden states
 
 
 class Engine:
@@ -238,19 +226,18 @@ class Engine:
     def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
         ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         if not ids:
-            ids = self._empty_prompt_ids()
+            bos = getattr(self.tokenizer, "bos_token_id", None)
+            if bos is None:
+                raise BadInputError(
+                    "the prompt is empty and the model has no BOS token to start from"
+                )
+            ids = [int(bos)]
         bad = [t for t in ids if not 0 <= t < self.target.vocab_size]
         if bad:
             raise BadInputError(
                 f"prompt token ids out of range [0, {self.target.vocab_size}): {bad[:5]}"
             )
         return ids
-
-    def _empty_prompt_ids(self) -> list[int]:
-        bos = getattr(self.tokenizer, "bos_token_id", None)
-        if bos is None:
-            raise BadInputError("the prompt is empty and the model has no BOS token to start from")
-        return [int(bos)]
 
     # -- the decode loop ----------------------------------------------------------------
 
@@ -264,9 +251,7 @@ class Engine:
         # a drafter that reads the target's features gets those of the prompt, too
         wants_hidden = req.drafter_obj is not None and req.drafter_obj.wants_hidden
         hidden: list[torch.Tensor] | None = [] if wants_hidden else None
-        cache, stats.reused_tokens, why = self.prefill(
-            req.prompt, lambda: _should_stop(req), hidden
-        )
+        cache, stats.reused_tokens, why = self.prefill(req.prompt, req.stop_reason, hidden)
         stats.prefill_s = time.perf_counter() - t_start
         if why:  # cancelled or out of time during prefill; what was computed stays cached
             self.prefix_cache.release(cache, req.prompt[: cache.length])
@@ -290,7 +275,7 @@ class Engine:
             corpus=req.corpus,
             exit_policy=spec.policy,
             cache=cache,
-            hidden=_prompt_features(cache, stats.reused_tokens, hidden),
+            hidden=cache.prompt_features(stats.reused_tokens, hidden),
         )
         out = Emitter(self.tokenizer, req.params, self.target.eos_token_ids, stats, t_start)
         guide = None
@@ -299,7 +284,7 @@ class Engine:
         try:
             spec.start(ctx)
             while not out.finish:
-                if why := _should_stop(req):
+                if why := req.stop_reason():
                     out.finish = why
                     break
                 t_step = time.perf_counter()
@@ -344,15 +329,7 @@ class Engine:
             (those after the reused prefix), chunk by chunk.
         :returns: (cache, tokens reused from an earlier request, why it stopped early or "").
         """
-        head = list(prompt[:-1])
-        cache, reused = self.prefix_cache.acquire(head)
-        try:
-            why = self.target.prefill(cache, head[reused:], stop, hidden)
-        except BaseException:
-            cache.crop(0)
-            self.prefix_cache.release(cache, [])
-            raise
-        return cache, reused, why
+        return self.prefix_cache.prefill(list(prompt[:-1]), self.target.prefill, stop, hidden)
 
     def verify(
         self,
@@ -380,7 +357,7 @@ class Engine:
         p = self.distributions(out.logits, params, allowed)
         verdict = spec.verify(draft, p, generator) if draft is not None else None
         if verdict is None:
-            verdict = Verdict(path=[], token=_choose(p[0], params, generator))
+            verdict = Verdict(path=[], token=choose(p[0], params, generator))
         return Step(base, draft, verdict, out.hidden)
 
     def distributions(
@@ -390,14 +367,11 @@ class Engine:
 
         :param logits: ``[1 + N, V]``: at the root (after the pending token) and after each
             draft node.
-        :param allowed: ``[1 + N, V]`` booleans from a constraint (token healing), or None.
-            Disallowed tokens are removed before warping, so greedy takes the argmax among
-            the allowed tokens and sampling the target's distribution renormalised over them.
+        :param allowed: ``[1 + N, V]`` booleans from a constraint (token healing), or None
+            (see :func:`specd.sampling.warp`).
         :returns: ``[1 + N, V]`` probabilities, warped by ``params``.
         """
-        if allowed is not None:
-            logits = logits.masked_fill(~allowed, float("-inf"))
-        return warp(logits, params)
+        return warp(logits, params, allowed)
 
     def commit(
         self, cache: KVCache, step: Step, spec: Speculation, ctx: DraftContext, stats: Stats
@@ -423,39 +397,3 @@ class Engine:
         stats.record_step(drafted, depth, len(path))
         spec.commit(ctx, new, drafted, len(path))
         return new
-
-
-def _prompt_features(
-    cache: KVCache, reused: int, computed: list[torch.Tensor] | None
-) -> torch.Tensor | None:
-    """The prompt's features for a drafter that reads them: those the prefix cache kept for
-    the reused tokens followed by those the prefill computed, and kept in the cache for the
-    next request. When the reused part has none, only the computed ones (the drafter keeps
-    its own history)."""
-    if computed is None:
-        return None
-    parts = list(computed)
-    if reused:
-        kept = cache.features
-        if kept is None or kept.shape[0] != reused:
-            cache.features = None
-            return torch.cat(parts) if parts else None
-        parts.insert(0, kept)
-    cache.features = torch.cat(parts) if parts else None
-    return cache.features
-
-
-def _should_stop(req: Request) -> str:
-    """ "cancelled" or "time" when the request must end now, else ""."""
-    if req.cancel is not None and req.cancel():
-        return "cancelled"
-    if req.deadline is not None and time.monotonic() > req.deadline:
-        return "time"
-    return ""
-
-
-def _choose(p: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
-    """The target's own token from a warped distribution (plain decoding)."""
-    if params.greedy:
-        return int(p.argmax())
-    return sample(p, generator)

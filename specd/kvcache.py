@@ -197,6 +197,25 @@ class KVCache:
             for layer in self._layers:
                 layer.select(start, idx)
 
+    def prompt_features(
+        self, reused: int, computed: list[torch.Tensor] | None
+    ) -> torch.Tensor | None:
+        """The prompt's features for a drafter that reads them: those kept here for the
+        ``reused`` positions followed by those the prefill ``computed``, and kept for the next
+        request. When the reused part has none, only the computed ones (the drafter keeps its
+        own history)."""
+        if computed is None:
+            return None
+        parts = list(computed)
+        if reused:
+            kept = self.features
+            if kept is None or kept.shape[0] != reused:
+                self.features = None
+                return torch.cat(parts) if parts else None
+            parts.insert(0, kept)
+        self.features = torch.cat(parts) if parts else None
+        return self.features
+
     @property
     def device(self) -> torch.device | str:
         for layer in self._layers:

@@ -105,6 +105,27 @@ class PrefixCache:
         self.release(cache, tokens[: cache.length])
         return held, cache.length - held
 
+    def prefill(
+        self,
+        tokens: Sequence[int],
+        extend: Callable[..., str],
+        stop: Callable[[], str] | None = None,
+        hidden: list | None = None,
+    ) -> tuple[KVCache, int, str]:
+        """Take the entry holding the longest prefix of ``tokens`` and have ``extend(cache,
+        rest, stop, hidden)`` (:meth:`specd.Target.prefill`) compute the rest; on an error
+        the cache is dropped, not kept half-filled.
+
+        :returns: (cache, tokens reused, why ``extend`` stopped early or "")."""
+        cache, reused = self.acquire(tokens)
+        try:
+            why = extend(cache, list(tokens[reused:]), stop, hidden)
+        except BaseException:
+            cache.crop(0)
+            self.release(cache, [])
+            raise
+        return cache, reused, why
+
     def release(self, cache: KVCache, tokens: Sequence[int]) -> None:
         """Return ``cache``, which now holds exactly ``tokens``."""
         if cache.length != len(tokens):

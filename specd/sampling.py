@@ -50,14 +50,21 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
-def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+def warp(
+    logits: torch.Tensor, params: SamplingParams, allowed: torch.Tensor | None = None
+) -> torch.Tensor:
     """Turn logits into the probabilities tokens are drawn from.
 
     :param logits: ``[..., V]`` raw scores.
     :param params: temperature, top-k and top-p to apply, in that order.
+    :param allowed: ``[..., V]`` booleans from a constraint (token healing), or None.
+        Disallowed tokens are removed before warping, so greedy takes the argmax among the
+        allowed tokens and sampling the distribution renormalised over them.
     :returns: ``[..., V]`` float probabilities summing to 1 on the last axis. Greedy gives a
         one-hot vector on the first argmax, the token plain greedy decoding picks.
     """
+    if allowed is not None:
+        logits = logits.masked_fill(~allowed, float("-inf"))
     if params.greedy:
         idx = logits.argmax(dim=-1, keepdim=True)
         return torch.zeros_like(logits, dtype=torch.float32).scatter_(-1, idx, 1.0)
@@ -88,6 +95,11 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     if generator is not None and probs.device != generator.device:
         probs = probs.to(generator.device)
     return int(torch.multinomial(probs, 1, generator=generator).item())
+
+
+def choose(p: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
+    """The target's own token from a warped ``[V]`` distribution (plain decoding)."""
+    return int(p.argmax()) if params.greedy else sample(p, generator)
 
 
 def make_generator(seed: int | None) -> torch.Generator:

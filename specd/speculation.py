@@ -10,6 +10,7 @@ the request goes on with plain decoding, so its output is still the target's own
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +49,14 @@ class Request:
     drafter_obj: Drafter | None = None
     verifier_obj: Verifier | None = None
     policy_obj: ExitPolicy | None = None
+
+    def stop_reason(self) -> str:
+        """ "cancelled" or "time" when the request must end now, else ""."""
+        if self.cancel is not None and self.cancel():
+            return "cancelled"
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            return "time"
+        return ""
 
 
 def check_names(drafter: str, verifier: str | None, exit_policy: str) -> None:
