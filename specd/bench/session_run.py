@@ -25,8 +25,11 @@ from .session import Script
 
 #: Seconds a request may take before the run gives up on the server.
 REQUEST_TIMEOUT_S = 300.0
-#: Seconds from start to the first non-empty suggestion before the run gives up.
+#: Seconds from start to the answer to ``initialize`` before the run gives up.
 READY_TIMEOUT_S = 600.0
+#: Unscored asks at the first place before the run stops waiting there for a non-empty
+#: suggestion (a model that truly suggests nothing there must not hold the run).
+READY_TRIES = 20
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,7 @@ class Daemon:
     server: ServerProcess
     initialize_s: float = 0.0
     ready_s: float | None = None
+    waiting: bool = True  # asks at one place again until a suggestion (READY_TRIES at most)
     answers: list[Answer] = field(default_factory=list)
     messages: list[str] = field(default_factory=list)
     stats: dict[str, Any] | None = None
@@ -156,8 +160,8 @@ def replay(daemon: Daemon, script: Script, *, keystroke_s: float) -> None:
                 current += step.text
         if step.ask is None:
             continue
-        waiting_for_ready = daemon.ready_s is None
-        while True:
+        waiting_for_ready = daemon.waiting
+        for tries in range(READY_TRIES, -1, -1):
             t0 = time.perf_counter()
             result = server.request(
                 "textDocument/inlineCompletion",
@@ -173,14 +177,12 @@ def replay(daemon: Daemon, script: Script, *, keystroke_s: float) -> None:
             if first or not waiting_for_ready:
                 daemon.answers.append(score(step.ask.kind, latency, text, step.ask, first))
                 first = False
-            if text or not waiting_for_ready:
+            if text and daemon.ready_s is None:
+                daemon.ready_s = time.perf_counter() - server.started
+            if text or not waiting_for_ready or not tries:
                 break
-            # Not ready yet: ask again at the same place (these tries are not scored).
-            if time.perf_counter() - server.started > READY_TIMEOUT_S:
-                raise ServerError(f"no non-empty suggestion in {READY_TIMEOUT_S:g} s")
-            time.sleep(0.1)
-        if waiting_for_ready:
-            daemon.ready_s = time.perf_counter() - server.started
+            time.sleep(0.1)  # not ready yet: ask again here (these tries are not scored)
+        daemon.waiting = False
     server.notify("textDocument/didClose", {"textDocument": {"uri": uri}})
 
 

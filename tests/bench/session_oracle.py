@@ -15,6 +15,7 @@ from urllib.parse import unquote, urlparse
 from specd.jsonrpc import frame, read_frame
 
 docs: dict[str, list[str]] = {}
+SILENT = "--silent" in sys.argv  # answers nothing, ever: a model with nothing to suggest
 
 
 def offset(lines: list[str], line: int, char: int) -> int:
@@ -53,7 +54,7 @@ def main() -> None:
             here = offset(docs[uri], pos["line"], pos["character"])
             real = Path(unquote(urlparse(uri).path)).read_text(encoding="utf-8")
             typed = "".join(docs[uri])[:here]
-            text = real[here:] if real.startswith(typed) else ""
+            text = real[here:] if real.startswith(typed) and not SILENT else ""
             answer(msg["id"], {"items": [{"insertText": text}] if text else []})
         elif method == "specd/stats":
             answer(msg["id"], None)

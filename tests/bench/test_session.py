@@ -107,6 +107,21 @@ def test_a_server_that_knows_the_file_scores_exact_on_every_request(tmp_path):
         assert row["first_request_empty_rate"] == 0
 
 
+def test_a_server_that_never_suggests_ends_the_run_with_every_request_scored(tmp_path):
+    """Guards against a run that asks the first place again until a suggestion comes: a
+    server with nothing to suggest held it for ten minutes. It stops waiting after
+    READY_TRIES asks, scores every request empty, and reports no ready time."""
+    src = _source(tmp_path, n_files=1)
+    args = _args("--files", str(src), "--limit", "1", "--session-lines", "3")
+    args.keystroke_ms = 0
+    report = session_report.run(args, server=[*ORACLE, "--silent"])
+    scripts = session.build(session.expand_files([str(src)]), limit=1, block_lines=3)
+    asks = sum(s.ask is not None for sc in scripts for s in sc.steps)
+    for row in report["results"]:
+        assert row["requests"] == asks and row["empty_rate"] == 1
+        assert row["ready_s"] is None
+
+
 def test_the_session_report_carries_the_contract_fields(tmp_path, capsys):
     """``specd bench --workload session --json`` through the real daemon (tiny model):
     the fields DESIGN.md's contract names, per configuration."""
