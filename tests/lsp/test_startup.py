@@ -44,8 +44,8 @@ def test_a_session_is_served_before_the_model_is_loaded_and_requests_wait_for_it
     ``service.engine.tokenize`` blocks until the load ends, so ``initialize`` waits for
     the model), against ``didOpen`` holding the event loop until the model is there (it
     measured the document with the engine's tokenizer), and against a request made
-    before the model is there failing instead of waiting for it. The model is attached by another thread, as the loader does, only once
-    the session has answered ``initialize``."""
+    before the model is there failing instead of waiting for it. The model is attached by
+    another thread, as the loader does, only once the session has answered ``initialize``."""
     service = Service(None)
     outcome: dict[str, object] = {}
 
