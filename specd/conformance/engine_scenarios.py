@@ -28,7 +28,8 @@ TARGET_LOGIT_SCALE = 8.0
 def conformance_target() -> Target:
     """The tiny target every engine check uses: :func:`specd.tiny.tiny_model` with seed 0
     in float64, its output layer scaled so its distributions are peaked like a trained
-    model's. ``tiny:0`` (the same weights, unscaled) is a flatter draft model of it."""
+    model's. The ``draft_model`` drafter's ``tiny:0`` (the same weights, scaled less) is a
+    flatter draft model of it."""
     return tiny_target(VOCAB, seed=0, logit_scale=TARGET_LOGIT_SCALE)
 
 

@@ -126,17 +126,29 @@ def test_a_verifier_that_warps_p_again_fails_the_warped_scenario():
     assert not result.passed, result.detail
 
 
-@pytest.mark.slow
-def test_a_drafter_whose_q_applies_the_temperature_twice_fails(mutant_plugins):
+@pytest.mark.parametrize("model", [None, "target"])
+def test_a_drafter_whose_q_applies_the_temperature_twice_fails(mutant_plugins, model):
     """Visible only away from temperature 1 and with a draft model peaked enough for the
-    temperature to matter: the target itself as draft model."""
+    temperature to matter: ``specd verify``'s own draft model (the drafter's
+    conformance_options), and the target itself as draft model."""
+    verifiers, options = plan(QTwice.name, None, {"model": model} if model else None)
     results = list(
         ec.check_sampled(
             QTwice.name,
-            {"model": "target"},
-            "rejection",
+            options,
+            verifiers["sampled"],
             scenarios=[s for s in ec.SCENARIOS if s.name == "warped"],
         )
     )
     assert results[0].property == "engine/law/warped"
     assert not results[0].passed, results[0].detail
+
+
+def test_the_correct_draft_model_passes_where_its_q_twice_mutant_fails():
+    """The same scenario, seeds and draft model: the failure above is the mutant's."""
+    verifiers, options = plan("draft_model", None, None)
+    warped = [s for s in ec.SCENARIOS if s.name == "warped"]
+    results = list(ec.check_sampled("draft_model", options, verifiers["sampled"], warped))
+    assert results[0].property == "engine/law/warped"
+    assert results[0].passed, results[0].detail
+    assert results[0].info["accepted"] < results[0].info["drafted"]  # rejections happen
