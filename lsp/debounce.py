@@ -54,12 +54,20 @@ class Rhythm:
             return None
         return percentile(list(self._intervals), 50)
 
-    def request_delay(self, uri: str, now: float | None = None) -> float:
+    def request_delay(self, uri: str, now: float | None = None, *, mid_word: bool = True) -> float:
         """How long a request for ``uri`` should wait for a keystroke that may make it
         stale: until 1.5 typical intervals after the last edit, at most
-        :data:`MAX_DELAY_S`, and not at all once the user has paused."""
+        :data:`MAX_DELAY_S`, and not at all once the user has paused.
+
+        :param mid_word: whether the cursor follows a word character. Only there is the
+            next keystroke sure to make the suggestion stale; at the start of a line, after
+            a bracket, an operator or a space, where users stop to read a suggestion, the
+            request does not wait (a fixed delay applies everywhere).
+        """
         if self.fixed_delay_s is not None:
             return self.fixed_delay_s
+        if not mid_word:
+            return 0.0
         typical = self.interval_s
         last = self._last.get(uri)
         if typical is None or last is None:

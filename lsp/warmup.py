@@ -144,7 +144,9 @@ class Background:
         """Wait as the typing rhythm says; :returns: False when an edit made ``req`` stale."""
         setting = req.settings.debounce_ms
         self.rhythm.fixed_delay_s = None if setting == "auto" else setting / 1000
-        delay = self.rhythm.request_delay(req.uri)
+        before = req.cursor.line_before
+        mid_word = bool(before) and (before[-1].isalnum() or before[-1] == "_")
+        delay = self.rhythm.request_delay(req.uri, mid_word=mid_word)
         if delay <= 0:
             return True
         self.metrics.count("debounced")

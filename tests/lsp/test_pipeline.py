@@ -13,6 +13,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable, Generator
+from dataclasses import replace
 
 import pytest
 from lsprotocol import types
@@ -266,6 +267,52 @@ def test_the_debounce_follows_the_typing_rhythm_and_ends_at_a_pause():
     for i in range(10):
         hesitant.edited("a", now=i * BURST_GAP_S * 0.9)
     assert hesitant.request_delay("a", now=9 * BURST_GAP_S * 0.9) == MAX_DELAY_S
+
+
+def test_the_debounce_waits_only_in_the_middle_of_a_word():
+    """Guards against delaying the requests a user stops to read: at the start of a line
+    or after punctuation the answer goes out at once, mid-word it waits for the next
+    letter; a fixed delay the user set applies everywhere."""
+    rhythm = Rhythm()
+    for i in range(10):
+        rhythm.edited("a", now=i * 0.02)
+    assert rhythm.request_delay("a", now=0.18, mid_word=True) == pytest.approx(0.03)
+    assert rhythm.request_delay("a", now=0.18, mid_word=False) == 0.0
+    rhythm.fixed_delay_s = 0.05
+    assert rhythm.request_delay("a", now=0.18, mid_word=False) == 0.05
+
+
+@pytest.mark.parametrize(
+    ("line_before", "waits"),
+    [
+        ("    ", False),
+        ("    x = (", False),
+        ("    return ", False),
+        ("    ret", True),
+        ("x_", True),
+    ],
+)
+def test_a_request_waits_by_what_precedes_the_cursor(line_before, waits):
+    """The pipeline hands the rhythm whether the cursor is mid-word."""
+    engine = ScriptedEngine(BODY)
+    req = _request(engine)
+    req.cursor = replace(req.cursor, line_before=line_before)
+    bg = Background(
+        Worker(),
+        Completer(engine),  # type: ignore[arg-type]
+        Metrics(),
+        key="1:",
+        request_at=lambda uri, pos: None,
+        version_of=lambda uri: req.version,
+    )
+    for i in range(10):
+        bg.rhythm.edited(req.uri, now=time.monotonic() - 0.2 + i * 0.02)
+    bg.rhythm.edited(req.uri)
+    t0 = time.monotonic()
+    assert asyncio.run(bg.debounce(req))  # no edit came: the request goes on
+    assert bg.metrics.debounced == int(waits)
+    if waits:  # until 1.5 intervals of 20 ms after the last edit
+        assert time.monotonic() - t0 >= 0.025
 
 
 # -- background work ---------------------------------------------------------------------------------
