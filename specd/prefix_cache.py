@@ -11,6 +11,9 @@ from itertools import count
 
 from .kvcache import KVCache
 
+#: The default ``min_reuse`` of :class:`PrefixCache`.
+MIN_REUSE = 32
+
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
@@ -32,11 +35,24 @@ class PrefixCache:
     ``acquire`` hands out the cache whose tokens share the longest prefix with the request,
     cropped to that prefix, and removes it from the pool so no two requests write to one
     cache; ``release`` returns it with the tokens it now holds.
+
+    :param min_reuse: an entry serves fewer tokens than this only when that is all it holds
+        or all the request needs:
+        cropping a long entry to a shared header (a template's, a file path's) would throw
+        away a warm prompt to save a few tokens of compute.
     """
 
-    def __init__(self, new_cache, *, max_entries: int = 4, max_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        new_cache,
+        *,
+        max_entries: int = 4,
+        max_bytes: int | None = None,
+        min_reuse: int = MIN_REUSE,
+    ) -> None:
         if max_entries < 1:
             raise ValueError("max_entries must be >= 1")
+        self.min_reuse = min_reuse
         self._new_cache = new_cache
         self.max_entries = max_entries
         self.max_bytes = max_bytes
@@ -56,7 +72,7 @@ class PrefixCache:
             self.lookups += 1
             best_key, best_n = None, 0
             for key, entry in self._entries.items():
-                n = common_prefix(entry.tokens, tokens)
+                n = self._reusable(entry.tokens, tokens)
                 if n > best_n:
                     best_key, best_n = key, n
             if best_key is None:
@@ -75,7 +91,14 @@ class PrefixCache:
     def cached(self, tokens: Sequence[int]) -> int:
         """How many of ``tokens`` the best entry holds, without taking or cropping it."""
         with self._lock:
-            return max((common_prefix(e.tokens, tokens) for e in self._entries.values()), default=0)
+            return max(
+                (self._reusable(e.tokens, tokens) for e in self._entries.values()), default=0
+            )
+
+    def _reusable(self, entry_tokens: Sequence[int], tokens: Sequence[int]) -> int:
+        """How many of ``tokens`` an entry holding ``entry_tokens`` serves (0: none)."""
+        n = common_prefix(entry_tokens, tokens)
+        return n if n >= self.min_reuse or n in (len(entry_tokens), len(tokens)) else 0
 
     def fill(
         self,

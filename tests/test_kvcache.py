@@ -67,7 +67,7 @@ def test_cache_matches_full_recompute(first, ops):
 
 
 def test_prefix_cache_reuses_the_longest_prefix_and_evicts_lru():
-    pc = PrefixCache(lambda: TARGET.new_cache(), max_entries=2)
+    pc = PrefixCache(lambda: TARGET.new_cache(), max_entries=2, min_reuse=1)
     a, n = pc.acquire([1, 2, 3])
     assert n == 0
     TARGET.prefill(a, [1, 2, 3])
@@ -85,6 +85,27 @@ def test_prefix_cache_reuses_the_longest_prefix_and_evicts_lru():
     pc.release(d, [7])
     assert len(pc) == 2
     assert pc.hits == 1
+
+
+def test_a_long_entry_is_not_cropped_to_a_shared_header():
+    """Guards against a request that shares only a few leading tokens with a warm prompt
+    (a template's header) cropping it to them: the warm prompt would be computed again."""
+    pc = PrefixCache(lambda: TARGET.new_cache(), max_entries=4, min_reuse=8)
+    long = [1, 2] + [3, 4, 5, 6] * 5
+    a, _ = pc.acquire(long)
+    TARGET.prefill(a, long)
+    pc.release(a, long)
+    assert pc.cached([1, 2, 7, 7]) == 0
+    b, n = pc.acquire([1, 2, 7, 7])
+    assert n == 0 and b is not a and a.length == len(long)
+    TARGET.prefill(b, [1, 2, 7, 7])
+    pc.release(b, [1, 2, 7, 7])
+    assert pc.cached(long + [9]) == len(long)  # still warm
+    assert pc.cached([1, 2, 7, 7, 8]) == 4  # a short entry serves all it holds
+    c, n = pc.acquire(long[:10] + [0])
+    assert n == 10 and c is a  # at least min_reuse tokens: reused
+    pc.release(c, long[:10])
+    assert pc.cached(long[:3]) == 3  # all a request needs
 
 
 def test_prefix_cache_drops_an_inconsistent_cache():
