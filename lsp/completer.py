@@ -153,7 +153,7 @@ class Completer:
         if req.cancel.is_set():
             return self._cancelled(req)
         corpus = self._corpus(req)
-        prompt = self.build_prompt(req)
+        prompt = self._cold_start(req, self.build_prompt(req))
         shape = shape_of(req)
         params = self.params
         if s.max_tokens is not None:
@@ -272,19 +272,41 @@ class Completer:
             req.entry.finish_reason = "cancelled"
         return CompletionResult("", finish_reason="cancelled", stats=stats)
 
-    def build_prompt(self, req: CompletionRequest) -> prompting.Prompt:
+    def _cold_start(self, req: CompletionRequest, prompt: prompting.Prompt) -> prompting.Prompt:
+        """``prompt``, or a shorter one when the prefix cache holds too little of it to
+        answer soon (``cold-prompt-tokens``): the last tokens before the cursor only. The
+        full prompt is what the warm-ups fill, so later requests get it back."""
+        limit = req.settings.cold_prompt_tokens
+        cached = getattr(self.engine, "cached_tokens", None)  # a remote backend has none
+        if not limit or cached is None:
+            return prompt
+        todo = len(prompt.ids) - cached(prompt.ids)
+        if todo <= limit:
+            return prompt
         s = req.settings
-        budget = prompting.Budget(s.prefix_tokens, s.suffix_tokens, s.context_tokens)
+        short = self.build_prompt(req, prompting.Budget(limit, min(s.suffix_tokens, limit // 4), 0))
+        if len(short.ids) - cached(short.ids) >= todo:
+            return prompt
+        self.metrics.count("cold_prompts")
+        return short
+
+    def build_prompt(
+        self, req: CompletionRequest, budget: prompting.Budget | None = None
+    ) -> prompting.Prompt:
+        """The prompt for ``req``, within ``budget`` (default: the request's settings)."""
+        s = req.settings
+        if budget is None:
+            budget = prompting.Budget(s.prefix_tokens, s.suffix_tokens, s.context_tokens)
         others: list[prompting.ContextDocument] = []
-        if s.context_tokens:
+        if budget.context_tokens:
             for doc in req.others:
                 if len(others) >= 8:
                     break
                 if req.workspace is not None:
-                    ids = req.workspace.head_tokens(doc, s.context_tokens)
+                    ids = req.workspace.head_tokens(doc, budget.context_tokens)
                 else:
-                    head = doc.head(s.context_tokens * prompting.CHARS_PER_TOKEN)
-                    ids = self.vocab.encode(head)[: s.context_tokens]
+                    head = doc.head(budget.context_tokens * prompting.CHARS_PER_TOKEN)
+                    ids = self.vocab.encode(head)[: budget.context_tokens]
                 if ids:
                     others.append(
                         prompting.ContextDocument(

@@ -42,6 +42,10 @@ class Settings(
     suffix_tokens: NonNegative = 256
     #: tokens taken from other open documents
     context_tokens: NonNegative = 512
+    #: a request whose prompt would need more than this many tokens computed first (a
+    #: file just opened, a jump) is answered from the last this-many tokens before the
+    #: cursor, while the full prompt warms up in the background; 0 (off): the full prompt
+    cold_prompt_tokens: NonNegative = 0
     #: prompt template: "auto" picks it from the model's tokenizer; "none" is prefix-only
     fim: Literal["auto", "none", "starcoder", "qwen", "codellama", "deepseek", "codestral"] = "auto"
     #: back the prompt up to a token boundary and have the model write the cut text again

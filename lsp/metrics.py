@@ -46,6 +46,7 @@ class Metrics:
         self.from_cache = 0  # answered from the completion cache, no model step
         self.cache_waits = 0  # of those, answered after waiting for a running generation
         self.debounced = 0  # requests that waited for a keystroke that might make them stale
+        self.cold_prompts = 0  # requests answered from a short prompt while the full one warms
         self.prefetches = 0  # completions generated after the user typed one through
         self.warmups = 0  # prompts prefilled before they were asked for
         self.warmed_tokens = 0  # tokens those warm-ups computed
@@ -139,6 +140,7 @@ class Metrics:
                     "cache_waits": self.cache_waits,
                     "from_cache_rate": self.from_cache / self.requests if self.requests else 0.0,
                     "debounced": self.debounced,
+                    "cold_prompts": self.cold_prompts,
                     "prefetches": self.prefetches,
                     "warmups": self.warmups,
                     "warmed_tokens": self.warmed_tokens,

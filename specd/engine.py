@@ -205,9 +205,8 @@ class Engine:
         chunk: int = WARM_CHUNK,
     ) -> tuple[int, int]:
         """Prefill ``prompt`` into the prefix cache before it is asked for, so a request
-        for it (or for a prompt extending it) computes only what follows. ``cancel`` is
-        checked between chunks of ``chunk`` tokens; what was computed stays cached, so a
-        request that cancels a warm-up continues where it stopped.
+        for it (or one extending it) computes only what follows. ``cancel`` is checked
+        between chunks; what was computed stays, so a cancelled warm-up is continued.
 
         :returns: (tokens that were already cached, tokens computed now).
         """
@@ -219,6 +218,10 @@ class Engine:
         with self._lock:  # a request keeps all of its prompt but the pending token cached
             return self.prefix_cache.fill(ids[:-1], self.target.prefill, cancel, chunk)
 
+    def cached_tokens(self, prompt: Sequence[int]) -> int:
+        """How many of ``prompt``'s tokens a request would reuse, computing nothing."""
+        return self.prefix_cache.cached(list(prompt[:-1]))
+
     def plugin_health(self) -> dict[str, dict[str, Any]]:
         """Calls, failures and disabled state per plugin since the engine started."""
         return self.guard.snapshot()
@@ -228,9 +231,7 @@ class Engine:
         if not ids:
             bos = getattr(self.tokenizer, "bos_token_id", None)
             if bos is None:
-                raise BadInputError(
-                    "the prompt is empty and the model has no BOS token to start from"
-                )
+                raise BadInputError("the prompt is empty and the model has no BOS to start from")
             ids = [int(bos)]
         bad = [t for t in ids if not 0 <= t < self.target.vocab_size]
         if bad:

@@ -44,6 +44,8 @@ class SessionConfig:
 CONFIGS = (
     SessionConfig("default"),
     SessionConfig("no-token-healing", {"token-healing": False}),
+    # a request that would read more than 256 prompt tokens first uses the last 256 only
+    SessionConfig("cold-prompt", {"cold-prompt-tokens": 256}),
     # no warm-up, no first-line answer, no completion cache, no debounce: each request
     # runs the model to the end of its suggestion
     SessionConfig(

@@ -17,6 +17,7 @@ from dataclasses import replace
 
 import pytest
 from lsprotocol import types
+from specd.lsp import prompting
 from specd.lsp.cache import CompletionCache
 from specd.lsp.completer import (
     Completer,
@@ -210,6 +211,35 @@ def test_the_answer_comes_at_the_first_line_and_the_rest_goes_to_the_cache():
     # answered once the first line ended (two pieces), not after all six
     assert answers == [("if w < 0:", 2)]
     assert req.entry.raw == "".join(BODY) and req.entry.done
+
+
+LONG_DOC = "".join(f"value_{i} = compute({i}, scale={i % 7})\n" for i in range(150))
+
+
+@pytest.mark.parametrize("limit", [256, 0])
+def test_a_cold_request_is_answered_from_a_short_prompt_until_the_full_one_is_warm(engine, limit):
+    """Guards against the first request after opening a file waiting for the prefill of
+    the whole window (seconds on a CPU), and against the short prompt sticking once the
+    full one is warm. ``cold-prompt-tokens = 0`` always takes the full prompt."""
+    metrics = Metrics()
+    completer = Completer(engine, SamplingParams(max_tokens=2), metrics)
+    settings = Settings(time_budget_ms=60_000, max_tokens=2, cold_prompt_tokens=limit)
+    engine.prefix_cache.clear()
+    full = completer.build_prompt(_request(engine, LONG_DOC, settings=settings))
+    assert len(full.ids) > 4 * 256
+    cold = completer.complete(_request(engine, LONG_DOC, settings=settings))
+    assert cold.stats is not None
+    if limit:
+        assert metrics.cold_prompts == 1
+        assert limit - prompting.CUT_STEP < cold.stats.prompt_tokens <= limit
+    else:
+        assert metrics.cold_prompts == 0 and cold.stats.prompt_tokens == len(full.ids)
+    completer.warm(_request(engine, LONG_DOC, settings=settings))  # what the warm-ups do
+    warm = completer.complete(_request(engine, LONG_DOC + "x", settings=settings))
+    assert warm.stats is not None
+    assert metrics.cold_prompts == (1 if limit else 0)
+    assert warm.stats.prompt_tokens >= len(full.ids)
+    assert warm.stats.reused_tokens >= len(full.ids) - 1
 
 
 def test_without_an_answer_callback_the_whole_block_is_answered():
