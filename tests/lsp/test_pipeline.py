@@ -189,6 +189,20 @@ DOC = "def area(w, h):\n    "
 BODY = ["if w < 0", ":\n", "        raise ValueError(w)\n", "    return w", " * h\n", "\n"]
 
 
+def _background(
+    engine: ScriptedEngine, worker: Worker, version_of: Callable[[str], int | None]
+) -> Background:
+    """A session's pipeline around ``engine`` that builds no requests of its own."""
+    return Background(
+        worker,
+        Completer(engine),  # type: ignore[arg-type]
+        Metrics(),
+        key="1:",
+        request_at=lambda uri, pos: None,
+        version_of=version_of,
+    )
+
+
 def _request(engine: ScriptedEngine, text: str = DOC, **kw) -> CompletionRequest:
     doc = Document("file:///w/a.py", text)
     line = text.count("\n")
@@ -327,14 +341,7 @@ def test_a_request_waits_by_what_precedes_the_cursor(line_before, waits):
     engine = ScriptedEngine(BODY)
     req = _request(engine)
     req.cursor = replace(req.cursor, line_before=line_before)
-    bg = Background(
-        Worker(),
-        Completer(engine),  # type: ignore[arg-type]
-        Metrics(),
-        key="1:",
-        request_at=lambda uri, pos: None,
-        version_of=lambda uri: req.version,
-    )
+    bg = _background(engine, Worker(), version_of=lambda uri: req.version)
     for i in range(10):
         bg.rhythm.edited(req.uri, now=time.monotonic() - 0.2 + i * 0.02)
     bg.rhythm.edited(req.uri)
@@ -355,14 +362,7 @@ def test_a_prefetch_superseded_before_it_ran_releases_its_cache_entry():
     engine = ScriptedEngine(BODY)
     worker = Worker()
     gate = threading.Event()
-    bg = Background(
-        worker,
-        Completer(engine),  # type: ignore[arg-type]
-        Metrics(),
-        key="1:",
-        request_at=lambda uri, pos: None,
-        version_of=lambda uri: 1,
-    )
+    bg = _background(engine, worker, version_of=lambda uri: 1)
     try:
         worker.submit(Job("1:gate", lambda job: gate.wait(10), lambda r, e, j: None))
         first, second = _request(engine), _request(engine)
@@ -522,14 +522,7 @@ def test_an_answer_from_the_cache_is_shaped_as_the_model_answer_would_be():
     direct = Completer(engine).complete(  # type: ignore[arg-type]
         CompletionRequest(cursor, "a.py", Settings(time_budget_ms=60_000), uri=doc.uri)
     )
-    bg = Background(
-        Worker(),
-        Completer(engine),  # type: ignore[arg-type]
-        Metrics(),
-        key="1:",
-        request_at=lambda uri, pos: None,
-        version_of=lambda uri: 1,
-    )
+    bg = _background(engine, Worker(), version_of=lambda uri: 1)
     try:
         entry = bg.cache.start(doc.uri, cursor)
         entry.raw, entry.finish_reason = "return a\n    b = )\n", "length"
