@@ -89,13 +89,19 @@ def shape_for(cursor: Cursor, *, mode: str = "auto", max_lines: int = 8, path: s
         eol,
         line_before=before,
         after_indent=bool(before) and not before.strip(),
-        in_word=bool(before[-1:] and _WORD.match(before[-1]))
+        in_word=after_word(before)
         and bool(cursor.line_after[:1] and _WORD.match(cursor.line_after[0])),
         body_of=_opener_above(cursor) if not before.strip() else None,
         python=syntax.is_python(path),
         before=cursor.before,
         after=cursor.after,
     )
+
+
+def after_word(line_before: str) -> bool:
+    """Whether the text before the cursor ends in a word character (the cursor is in or
+    at the end of a word)."""
+    return bool(line_before[-1:] and _WORD.match(line_before[-1]))
 
 
 def should_stop(text: str, shape: Shape) -> bool:

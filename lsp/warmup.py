@@ -28,6 +28,7 @@ from .config import Settings
 from .debounce import Rhythm
 from .documents import Document, Position
 from .metrics import Metrics
+from .postprocess import after_word
 from .scheduler import Job, Worker
 
 #: an edit this many lines from the last warmed position is warmed at once
@@ -144,9 +145,7 @@ class Background:
         """Wait as the typing rhythm says; :returns: False when an edit made ``req`` stale."""
         setting = req.settings.debounce_ms
         self.rhythm.fixed_delay_s = None if setting == "auto" else setting / 1000
-        before = req.cursor.line_before
-        mid_word = bool(before) and (before[-1].isalnum() or before[-1] == "_")
-        delay = self.rhythm.request_delay(req.uri, mid_word=mid_word)
+        delay = self.rhythm.request_delay(req.uri, mid_word=after_word(req.cursor.line_before))
         if delay <= 0:
             return True
         self.metrics.count("debounced")
