@@ -115,16 +115,15 @@ class PrefixCache:
         """
         if self.cached(tokens) == len(tokens):
             return len(tokens), 0  # acquiring would crop away what the entry holds after them
-        cache, held = self.acquire(tokens)
-        try:
-            for start in range(held, len(tokens), chunk):
+
+        def in_chunks(cache: KVCache, rest: Sequence[int], *_: object) -> str:
+            for start in range(0, len(rest), chunk):
                 if cancel is not None and cancel():
-                    break
-                extend(cache, tokens[start : start + chunk])
-        except BaseException:
-            cache.crop(0)
-            self.release(cache, [])
-            raise
+                    return "cancelled"
+                extend(cache, rest[start : start + chunk])
+            return ""
+
+        cache, held, _ = self.prefill(tokens, in_chunks)
         self.release(cache, tokens[: cache.length])
         return held, cache.length - held
 
