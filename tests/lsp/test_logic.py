@@ -29,7 +29,7 @@ def _encode(text: str) -> list[int]:
 
 
 def test_only_changed_documents_are_reindexed_and_lazily():
-    ws = WorkspaceIndex(_encode)
+    ws = WorkspaceIndex(_encode, reindex_s=0)
     a, b = Document("a", "alpha beta gamma"), Document("b", "one two three")
     ws.changed(a)
     ws.changed(b)
@@ -40,6 +40,27 @@ def test_only_changed_documents_are_reindexed_and_lazily():
         ws.changed(a)
     assert ws.refresh() == 1 and ws.refresh() == 0
     assert ws.corpus.lookup(_encode("one tw"), 4) == _encode("o th")
+
+
+def test_a_document_being_typed_in_is_reindexed_at_most_every_interval():
+    now = [100.0]
+    ws = WorkspaceIndex(_encode, reindex_s=2.0, clock=lambda: now[0])
+    a, b = Document("a", "alpha beta"), Document("b", "one two")
+    ws.changed(a)
+    assert ws.refresh() == 1
+    a.apply_change("gamma ", a.resolve(0, 0), a.resolve(0, 0))
+    ws.changed(a)
+    ws.changed(b)  # a new document is indexed at once
+    now[0] += 1.0
+    assert ws.refresh() == 1 and "b" in ws.corpus
+    assert ws.corpus.lookup(_encode("gamm"), 2) == []  # the edit waits...
+    now[0] += 1.0
+    assert ws.refresh() == 1  # ...until the interval has passed, and is not lost
+    assert ws.corpus.lookup(_encode("gamm"), 2) == _encode("a ")
+    assert ws.refresh() == 0
+    ws.changed(a)
+    ws.closed("a")  # a close is never deferred
+    assert ws.refresh() == 0 and "a" not in ws.corpus
 
 
 def test_closed_and_oversized_documents_leave_the_index():
