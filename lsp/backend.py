@@ -104,7 +104,7 @@ class Backend:
         assert gen.completion is not None
         return gen.completion
 
-    def warm(self, prompt: str | Sequence[int], cancel: Any = None) -> tuple[int, int]:
+    def warm(self, prompt: str | Sequence[int], cancel: Any = None, **_: Any) -> tuple[int, int]:
         """Nothing to prefill here: the server keeps its own prompt cache.
 
         :returns: (0, 0), as :meth:`specd.Engine.warm` counts (cached, computed).

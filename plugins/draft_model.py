@@ -53,6 +53,7 @@ class DraftModelDrafter(Drafter):
     ``--device``). Drafting draws on the CPU, where the request's generator lives."""
 
     name = "draft_model"
+    reads_cache = False  # its own model's cache, not the target's
     #: Options ``specd verify`` uses to run this drafter on a tiny target.
     conformance_options: ClassVar[dict[str, object]] = {"model": "tiny:0"}
 

@@ -24,6 +24,7 @@ class NgramDrafter(Drafter):
     :param branch_len: nodes given to each branch other than the trunk."""
 
     name = "ngram"
+    reads_cache = False
     #: ``specd verify`` drafts trees, so the residual a rejected sibling leaves is checked too.
     conformance_options: ClassVar[dict[str, object]] = {"branches": 2}
 

@@ -65,6 +65,10 @@ class Drafter:
     name: ClassVar[str] = ""
     #: True when the drafter needs ``ctx.hidden`` (the target's last hidden state).
     wants_hidden: ClassVar[bool] = False
+    #: False when the drafter never reads ``ctx.target``'s cache (``ctx.cache``): its first
+    #: draft may then be verified together with the last few prompt tokens, which the
+    #: cache does not hold yet (one target pass instead of two on the next keystroke).
+    reads_cache: ClassVar[bool] = True
 
     def start(self, ctx: DraftContext) -> None:
         """A request starts; ``ctx.tokens`` holds the prompt."""

@@ -1,9 +1,9 @@
 """The decode loop: prefill -> [draft -> verify -> commit -> emit]*.
 
-Plain decoding is the same loop with no drafter: every step feeds only the pending token.
-The cache holds every committed token but the last one (the *pending* token), so each
-target step feeds ``[pending, draft...]`` and gets the target's distribution at the root
-and after every draft node in one forward pass.
+Plain decoding is the same loop with no drafter. The cache holds every committed token but
+the last one (the *pending* token), so each target step feeds ``[pending, draft...]`` (the
+first one also the few prompt tokens the prefill left before it) and gets the target's
+distribution at the root and after every draft node in one forward pass.
 
 Each step is one named method or call: :meth:`Engine.prefill`, ``Speculation.draft``
 (:mod:`specd.speculation` serves the plugins, every call guarded), :meth:`Engine.verify`,
@@ -33,11 +33,14 @@ from .prefix_cache import PrefixCache
 from .sampling import SamplingParams, choose, make_generator, warp
 from .speculation import NO_DRAFTER, PluginInstances, Request, Speculation, check_exact, check_names
 from .stats import Stats
-from .target import Target
+from .target import PREFILL_CHUNK, Target
 
 #: Tokens a warm-up prefills between two looks at its cancel check: a request waits at
 #: most this long for the warm-up it interrupts.
 WARM_CHUNK = 64
+#: At most this many uncached prompt tokens are fed with the first step's draft instead
+#: of being prefilled first: the next keystroke's request costs one forward, not two.
+FEED_TOKENS = 16
 
 
 class Engine:
@@ -109,10 +112,8 @@ class Engine:
 
         :param model: as ``--model`` takes it (default: SmolLM2-135M-Instruct); see
             :func:`specd.models.load_target`.
-        :param compile: the compiled decode step: ``auto``, ``off``, ``on`` or
-            ``background`` (see :meth:`specd.Target.compile`).
-        :param prefill_dtype: run prefill in this dtype (see
-            :meth:`specd.Target.set_prefill_dtype`).
+        :param compile: the compiled decode step (:meth:`specd.Target.compile`).
+        :param prefill_dtype: prefill in this dtype (:meth:`specd.Target.set_prefill_dtype`).
         :param engine_options: the keyword arguments of :class:`Engine`.
         """
         from .models import load_target, parse_dtype
@@ -163,10 +164,8 @@ class Engine:
         :param prompt: text, or token ids.
         :param params: sampling parameters (default: greedy, 64 tokens).
         :param drafter: drafter name for this request (``"none"``: plain decoding).
-        :param cancel: checked before every target step; when true the generation ends
-            with ``finish_reason == "cancelled"``.
-        :param time_budget_s: wall-clock budget; when spent the generation ends with
-            ``finish_reason == "time"``.
+        :param cancel: checked before every target step; true ends it ("cancelled").
+        :param time_budget_s: wall-clock budget; when spent the generation ends ("time").
         :param corpus: extra text for drafters to copy from (default: the engine's).
         :param constraint: the text the output must start with, written by tokens each of
             which is a prefix of what is left of it or runs past its end (token healing;
@@ -203,10 +202,14 @@ class Engine:
         cancel: Callable[[], bool] | threading.Event | None = None,
         *,
         chunk: int = WARM_CHUNK,
+        request: bool = False,
     ) -> tuple[int, int]:
         """Prefill ``prompt`` into the prefix cache before it is asked for, so a request
         for it (or one extending it) computes only what follows. ``cancel`` is checked
         between chunks; what was computed stays, so a cancelled warm-up is continued.
+        ``request``: a request's own prefill before :meth:`stream` (only a newer request for
+        the prompt interrupts it): in a prefill's chunks, the last few tokens (fewer than
+        :data:`FEED_TOKENS`) left to the first step.
 
         :returns: (tokens that were already cached, tokens computed now).
         """
@@ -215,8 +218,9 @@ class Engine:
         ids = self._prompt_ids(prompt)
         if isinstance(cancel, threading.Event):
             cancel = cancel.is_set
+        chunk, leave = (PREFILL_CHUNK, FEED_TOKENS - 1) if request else (chunk, 0)
         with self._lock:  # a request keeps all of its prompt but the pending token cached
-            return self.prefix_cache.fill(ids[:-1], self.target.prefill, cancel, chunk)
+            return self.prefix_cache.fill(ids[:-1], self.target.prefill, cancel, chunk, leave)
 
     def cached_tokens(self, prompt: Sequence[int]) -> int:
         """How many of ``prompt``'s tokens a request would reuse, computing nothing."""
@@ -229,15 +233,12 @@ class Engine:
     def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
         ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         if not ids:
-            bos = getattr(self.tokenizer, "bos_token_id", None)
-            if bos is None:
+            if (bos := getattr(self.tokenizer, "bos_token_id", None)) is None:
                 raise BadInputError("the prompt is empty and the model has no BOS to start from")
             ids = [int(bos)]
-        bad = [t for t in ids if not 0 <= t < self.target.vocab_size]
-        if bad:
-            raise BadInputError(
-                f"prompt token ids out of range [0, {self.target.vocab_size}): {bad[:5]}"
-            )
+        if bad := [t for t in ids if not 0 <= t < self.target.vocab_size]:
+            v = self.target.vocab_size
+            raise BadInputError(f"prompt token ids out of range [0, {v}): {bad[:5]}")
         return ids
 
     # -- the decode loop ----------------------------------------------------------------
@@ -252,7 +253,11 @@ class Engine:
         # a drafter that reads the target's features gets those of the prompt, too
         wants_hidden = req.drafter_obj is not None and req.drafter_obj.wants_hidden
         hidden: list[torch.Tensor] | None = [] if wants_hidden else None
-        cache, stats.reused_tokens, why = self.prefill(req.prompt, req.stop_reason, hidden)
+        # the last few prompt tokens go with the first draft when the drafter reads neither
+        # the prompt's features nor the target's cache
+        d = req.drafter_obj
+        leave = FEED_TOKENS - 1 if d is None or not (d.wants_hidden or d.reads_cache) else 0
+        cache, stats.reused_tokens, why = self.prefill(req.prompt, req.stop_reason, hidden, leave)
         stats.prefill_s = time.perf_counter() - t_start
         if why:  # cancelled or out of time during prefill; what was computed stays cached
             self.prefix_cache.release(cache, req.prompt[: cache.length])
@@ -282,6 +287,8 @@ class Engine:
         guide = None
         if req.constraint is not None:
             guide = Guide(req.constraint, self.token_bytes, self.target.vocab_size)
+        fed = list(req.prompt[cache.length :])  # the pending token, and what was left
+        held = cache.length  # the cache holds ctx.tokens[:held]
         try:
             spec.start(ctx)
             while not out.finish:
@@ -293,12 +300,11 @@ class Engine:
                 draft = spec.draft(ctx, room=out.room - 1)
                 t_drafted = time.perf_counter()
                 # verify: the pending token is the last committed one
-                step = self.verify(
-                    cache, ctx.tokens[-1], draft, spec, req.params, ctx.generator, guide
-                )
+                step = self.verify(cache, fed, draft, spec, req.params, ctx.generator, guide)
                 stats.draft_s += t_drafted - t_step
                 stats.verify_s += time.perf_counter() - t_drafted
                 new = self.commit(cache, step, spec, ctx, stats)
+                fed, held = new[-1:], len(ctx.tokens) - 1
                 if guide is not None:
                     guide.commit(new)
                 delta = out.emit(new, t_step)
@@ -310,8 +316,8 @@ class Engine:
             stats.finish_reason = out.finish
         finally:
             spec.finish(ctx)
-            # The cache holds every committed token but the pending one.
-            self.prefix_cache.release(cache, ctx.tokens[:-1])
+            # every committed token but the pending one (dropped if a step failed halfway)
+            self.prefix_cache.release(cache, ctx.tokens[:held])
         stats.total_s = time.perf_counter() - t_start
         if stats.new_tokens and not stats.ttft_s:
             stats.ttft_s = stats.total_s
@@ -322,56 +328,53 @@ class Engine:
         prompt: Sequence[int],
         stop: Callable[[], str] | None = None,
         hidden: list[torch.Tensor] | None = None,
+        leave: int = 0,
     ) -> tuple[KVCache, int, str]:
         """Bring a cache to hold ``prompt[:-1]``, reusing the longest cached prefix, with
-        ``stop`` checked between prefill chunks (:data:`specd.target.PREFILL_CHUNK`).
+        ``stop`` checked between prefill chunks (:data:`specd.target.PREFILL_CHUNK`);
+        ``leave`` or fewer tokens left are not computed (the first step feeds them).
 
-        :param hidden: when given, receives the last hidden states of the tokens computed
-            (those after the reused prefix), chunk by chunk.
+        :param hidden: receives the last hidden states of the tokens computed, by chunk.
         :returns: (cache, tokens reused from an earlier request, why it stopped early or "").
         """
-        return self.prefix_cache.prefill(list(prompt[:-1]), self.target.prefill, stop, hidden)
+        return self.prefix_cache.prefill(prompt[:-1], self.target.prefill, stop, hidden, leave)
 
     def verify(
         self,
         cache: KVCache,
-        pending: int,
+        fed: Sequence[int],
         draft: Draft | None,
         spec: Speculation,
         params: SamplingParams,
         generator: torch.Generator,
         guide: Guide | None = None,
     ) -> Step:
-        """One target forward over ``[pending, *draft]`` and the verifier's decision. With
-        no draft, or when the verifier fails, the target's own token at the root is taken
-        (a failed verifier costs only its draft). ``guide`` is the request's constraint."""
-        base = cache.length
-        tokens = [pending]
-        parents = None
+        """One target forward over ``[*fed, *draft]`` (``fed``: prompt tokens the prefill
+        left, then the pending token, the root) and the verifier's decision. With no draft,
+        or when the verifier fails, the target's own token at the root is taken (a failed
+        verifier costs only its draft). ``guide`` is the request's constraint."""
+        lead, base = len(fed) - 1, cache.length + len(fed) - 1  # base: the root's position
+        tokens, parents = list(fed), None
         if draft is not None:
             tokens += draft.tokens
-            parents = [-1] + [p + 1 if p >= 0 else 0 for p in draft.parents]
-        # tokens: [1 + N] -> logits: [1 + N, V]
+            parents = [*range(-1, lead)] + [p + 1 + lead if p >= 0 else lead for p in draft.parents]
+        # tokens: [lead + 1 + N] -> logits, hidden: [lead + 1 + N, ...]
         out = self.target.forward(cache, tokens, parents, hidden=spec.wants_hidden)
+        logits, hidden = out.logits[lead:], None if out.hidden is None else out.hidden[lead:]
         # p: [1 + N, V]; row 0 is the target's distribution at the root, row i + 1 after node i
-        allowed = guide.allowed(draft, out.logits.device) if guide is not None else None
-        p = self.distributions(out.logits, params, allowed)
+        allowed = guide.allowed(draft, logits.device) if guide is not None else None
+        p = self.distributions(logits, params, allowed)
         verdict = spec.verify(draft, p, generator) if draft is not None else None
         if verdict is None:
             verdict = Verdict(path=[], token=choose(p[0], params, generator))
-        return Step(base, draft, verdict, out.hidden)
+        return Step(base, draft, verdict, hidden)
 
     def distributions(
         self, logits: torch.Tensor, params: SamplingParams, allowed: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """The target's distributions p, which the verifier and plain decoding draw from.
-
-        :param logits: ``[1 + N, V]``: at the root (after the pending token) and after each
-            draft node.
-        :param allowed: ``[1 + N, V]`` booleans from a constraint (token healing), or None
-            (see :func:`specd.sampling.warp`).
-        :returns: ``[1 + N, V]`` probabilities, warped by ``params``.
-        """
+        """The target's distributions p ``[1 + N, V]``, which the verifier and plain decoding
+        draw from, from ``logits`` ``[1 + N, V]`` at the root and after each draft node and
+        ``allowed`` booleans from a constraint (token healing; see :func:`specd.sampling.warp`)."""
         return warp(logits, params, allowed)
 
     def commit(
@@ -380,10 +383,7 @@ class Engine:
         """Make a step's decision the request's state: the cache keeps the pending token and
         the accepted path and drops the other nodes; the accepted draft tokens and the
         verifier's token join ``ctx.tokens``; the policy and the drafter hear of them; the
-        step is counted.
-
-        :returns: the step's new tokens; the last one is the next pending token.
-        """
+        step is counted. :returns: the new tokens; the last one is the next pending token."""
         path = step.verdict.path
         cache.keep(step.base, [step.base] + [step.base + 1 + i for i in path])
         new = [step.draft.tokens[i] for i in path] if step.draft is not None else []

@@ -106,15 +106,17 @@ class PrefixCache:
         extend: Callable[[KVCache, Sequence[int]], object],
         cancel: Callable[[], bool] | None = None,
         chunk: int = 64,
+        leave: int = 0,
     ) -> tuple[int, int]:
         """Make an entry hold ``tokens``: ``extend(cache, piece)`` computes what no entry
         holds, ``chunk`` tokens at a time, with ``cancel`` checked between chunks; what
-        was computed is kept either way.
+        was computed is kept either way. ``leave`` or fewer tokens left: none computed.
 
         :returns: (tokens an entry already held, tokens computed now).
         """
-        if self.cached(tokens) == len(tokens):
-            return len(tokens), 0  # acquiring would crop away what the entry holds after them
+        held = self.cached(tokens)
+        if len(tokens) - held <= leave:
+            return held, 0  # acquiring would crop away what the entry holds after them
 
         def in_chunks(cache: KVCache, rest: Sequence[int], *_: object) -> str:
             for start in range(0, len(rest), chunk):
@@ -133,13 +135,18 @@ class PrefixCache:
         extend: Callable[..., str],
         stop: Callable[[], str] | None = None,
         hidden: list | None = None,
+        leave: int = 0,
     ) -> tuple[KVCache, int, str]:
         """Take the entry holding the longest prefix of ``tokens`` and have ``extend(cache,
         rest, stop, hidden)`` (:meth:`specd.Target.prefill`) compute the rest; on an error
         the cache is dropped, not kept half-filled.
 
+        :param leave: when at most this many tokens are left to compute, compute none of
+            them (the caller feeds them with its first step; ``cache.length`` says where).
         :returns: (cache, tokens reused, why ``extend`` stopped early or "")."""
         cache, reused = self.acquire(tokens)
+        if len(tokens) - reused <= leave:
+            return cache, reused, ""
         try:
             why = extend(cache, list(tokens[reused:]), stop, hidden)
         except BaseException:

@@ -21,6 +21,7 @@ class OracleTreeDrafter(Drafter):
     mistakes; the other branches are random. Exactness must not depend on the draft."""
 
     name = "test-oracle-tree"
+    reads_cache = False
     reference: list[int] = []
     rng = random.Random(0)
 
@@ -45,10 +46,22 @@ class OracleTreeDrafter(Drafter):
         return Draft(tokens=tokens[:budget], parents=parents[:budget]) if tokens else None
 
 
+class CacheReadingDrafter(Drafter):
+    """Drafts nothing; checks the contract a drafter that reads the target's cache has."""
+
+    name = "test-cache-reader"
+    seen: list[tuple[int, int]] = []
+
+    def propose(self, ctx, budget):
+        self.seen.append((ctx.cache.length, len(ctx.tokens) - 1))
+        return None
+
+
 class TestPlugin:
     @hookimpl
     def specd_register_drafters(self, register):
         register(OracleTreeDrafter)
+        register(CacheReadingDrafter)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -133,6 +146,46 @@ def test_prefix_reuse_gives_the_same_tokens(engines):
     warm = engine.generate(base + [7], SamplingParams(max_tokens=16))
     assert warm.stats.reused_tokens >= len(base)
     assert warm.token_ids == cold.token_ids
+
+
+@given(
+    base=st.lists(st.integers(0, VOCAB - 1), min_size=33, max_size=60),  # > min_reuse
+    typed=st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=20),
+    which=st.integers(0, 2),
+    drafter=st.sampled_from(["none", "ngram", "test-oracle-tree", "test-cache-reader"]),
+)
+def test_tokens_typed_since_a_cached_prompt_go_with_the_first_step(
+    engines, base, typed, which, drafter
+):
+    """A prompt extending a cached one by fewer than FEED_TOKENS tokens is not prefilled:
+    its new tokens are fed with the first step's draft, and the output is still plain
+    greedy's. A drafter that reads the target's cache finds it complete."""
+    from specd.engine import FEED_TOKENS
+
+    engine = engines[which]
+    n = 10
+    OracleTreeDrafter.reference = hf_greedy(engine, base + typed, n)
+    engine.generate(base, SamplingParams(max_tokens=2), drafter=drafter)
+    chunks = []
+    prefill = engine.target.prefill
+    engine.target.prefill = lambda cache, tokens, *a, **k: (
+        chunks.append(len(tokens)) or prefill(cache, tokens, *a, **k)
+    )
+    CacheReadingDrafter.seen.clear()
+    try:
+        out = engine.generate(base + typed, SamplingParams(max_tokens=n), drafter=drafter)
+    finally:
+        del engine.target.prefill
+    assert out.token_ids == OracleTreeDrafter.reference
+    assert out.stats.reused_tokens >= len(base) - 1
+    left = len(base) + len(typed) - 1 - out.stats.reused_tokens  # not in the cache
+    if left < FEED_TOKENS and drafter != "test-cache-reader":
+        assert chunks == []  # one forward: the typed tokens, the pending one and the draft
+    else:
+        assert sum(chunks) == left
+    if drafter == "test-cache-reader":
+        assert CacheReadingDrafter.seen  # asked at every step, with the cache complete
+        assert all(held == committed for held, committed in CacheReadingDrafter.seen)
 
 
 def test_stop_strings_and_eos():

@@ -36,6 +36,7 @@ from specd.lsp.service import Service
 from specd.lsp.warmup import Background
 
 from specd import Completion, Delta, Engine, Generation, SamplingParams, Stats
+from specd.target import PREFILL_CHUNK
 from specd.tiny import tiny_target
 
 # -- Engine.warm ---------------------------------------------------------------------------------
@@ -163,7 +164,7 @@ class ScriptedEngine:
     def tokenize(self, text: str) -> list[int]:
         return [ord(c) % 97 for c in text]
 
-    def warm(self, prompt, cancel=None) -> tuple[int, int]:
+    def warm(self, prompt, cancel=None, **_) -> tuple[int, int]:
         time.sleep(self.prefill_s)
         return 0, len(prompt) - 1
 
@@ -254,6 +255,31 @@ def test_a_cold_request_is_answered_from_a_short_prompt_until_the_full_one_is_wa
     assert metrics.cold_prompts == (1 if limit else 0)
     assert warm.stats.prompt_tokens >= len(full.ids)
     assert warm.stats.reused_tokens >= len(full.ids) - 1
+
+
+def test_a_request_reads_its_prompt_in_large_chunks_and_a_keystroke_in_its_first_step(engine):
+    """Guards against a request's own prefill running in a warm-up's small chunks (a third
+    slower on a long prompt, and nothing but a newer request for the same prompt would
+    interrupt it), and against a keystroke's few new tokens costing a forward pass of their
+    own before the first step."""
+    completer = Completer(engine, SamplingParams(max_tokens=2))
+    settings = Settings(time_budget_ms=60_000, max_tokens=2)
+    engine.prefix_cache.clear()
+    chunks: list[int] = []
+    prefill = engine.target.prefill
+    engine.target.prefill = lambda cache, tokens, *a, **k: (
+        chunks.append(len(tokens)) or prefill(cache, tokens, *a, **k)
+    )
+    try:
+        cold = completer.complete(_request(engine, LONG_DOC, settings=settings))
+        assert cold.stats is not None and cold.stats.prompt_tokens > 3 * PREFILL_CHUNK
+        assert max(chunks) == PREFILL_CHUNK
+        chunks.clear()
+        typed = completer.complete(_request(engine, LONG_DOC + "value_150 =", settings=settings))
+        assert typed.stats is not None and typed.stats.reused_tokens > 3 * PREFILL_CHUNK
+        assert chunks == []
+    finally:
+        del engine.target.prefill
 
 
 def test_without_an_answer_callback_the_whole_block_is_answered():
