@@ -11,7 +11,8 @@ daemon and report, per configuration, what a user of ghost text sees.
 - ``ready_s``: from starting the process to the first non-empty suggestion;
   ``initialize_s``: to the answer to ``initialize``.
 - ``first_request_empty_rate``: the share of files whose first request, right after
-  opening, came back empty.
+  opening, came back empty; ``first_request_p50_s``: the median latency of those requests
+  (they read the whole prompt first); ``later_p90_s``: the p90 latency of the others.
 
 Beside them, the fields of the other workloads that apply to a daemon: ``config``,
 ``drafter``, ``ttft_s``, ``tpot_p50_s``, ``tpot_p95_s``, ``mean_acceptance_length``
@@ -133,6 +134,10 @@ def summarize(d: Daemon) -> dict[str, Any]:
         "first_request_empty_rate": (
             sum(not a.text for a in firsts) / len(firsts) if firsts else None
         ),
+        "first_request_p50_s": percentile([a.latency_s for a in firsts], 50),
+        "later_p90_s": percentile(
+            [a.latency_s for a in answers if a.text and not a.first_in_file], 90
+        ),
         "requests": n,
         "line_requests": sum(a.kind == "line" for a in answers),
         "pause_requests": sum(a.kind == "pause" for a in answers),
@@ -168,8 +173,8 @@ def markdown(report: dict[str, Any]) -> str:
         f"→ {m.get('load_avg_end')}",
         "",
         "| config | requests | p50 ms | p90 ms | empty | exact line | typed chars / request "
-        "| initialize s | ready s | first request empty |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| initialize s | ready s | first request empty | first request ms | p90 after the first ms |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in report["results"]:
         refused = " (options refused: defaults)" if r["options_refused"] else ""
@@ -178,7 +183,9 @@ def markdown(report: dict[str, Any]) -> str:
             f"| {_f(r['latency_p90_s'], '.0f', 1e3)} | {_f(r['empty_rate'], '.0%')} "
             f"| {_f(r['exact_line_rate'], '.0%')} | {_f(r['typed_chars_per_request'], '.1f')} "
             f"| {_f(r['initialize_s'], '.2f')} | {_f(r['ready_s'], '.2f')} "
-            f"| {_f(r['first_request_empty_rate'], '.0%')} |"
+            f"| {_f(r['first_request_empty_rate'], '.0%')} "
+            f"| {_f(r.get('first_request_p50_s'), '.0f', 1e3)} "
+            f"| {_f(r.get('later_p90_s'), '.0f', 1e3)} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -105,6 +105,10 @@ def test_a_server_that_knows_the_file_scores_exact_on_every_request(tmp_path):
         assert row["empty_rate"] == 0 and row["exact_line_rate"] == 1
         assert row["typed_chars_per_request"] == pytest.approx(sum(map(len, rests)) / len(rests))
         assert row["first_request_empty_rate"] == 0
+        starts = [sum(sc.asks for sc in scripts[:i]) for i in range(len(scripts))]
+        firsts = [row["per_request"][i]["latency_s"] for i in starts]
+        assert row["first_request_p50_s"] == pytest.approx(sum(firsts) / 2)  # 2 files
+        assert 0 < row["later_p90_s"] <= max(r["latency_s"] for r in row["per_request"])
 
 
 def test_a_server_that_never_suggests_ends_the_run_with_every_request_scored(tmp_path):
