@@ -19,6 +19,7 @@ so the output is what plain decoding gives under the same constraint, for every 
 from __future__ import annotations
 
 import bisect
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -54,6 +55,10 @@ class TokenBytes:
     :param pieces: bytes per token id (index = id).
     """
 
+    #: allowed-token masks kept for the texts asked most recently (49 kB each for a 49k
+    #: vocabulary): an indent or a word's start comes back request after request
+    MASKS_KEPT = 128
+
     def __init__(self, pieces: Sequence[bytes]) -> None:
         self.pieces = list(pieces)
         self._by_bytes: dict[bytes, list[int]] = {}
@@ -61,6 +66,15 @@ class TokenBytes:
             if b:
                 self._by_bytes.setdefault(b, []).append(i)
         self._sorted = sorted(self._by_bytes)
+        # the ids of the sorted byte strings, end to end: the tokens starting with some text
+        # are one slice of it
+        flat: list[int] = []
+        self._offsets = [0]
+        for key in self._sorted:
+            flat += self._by_bytes[key]
+            self._offsets.append(len(flat))
+        self._flat = torch.tensor(flat, dtype=torch.long)
+        self._masks: OrderedDict[tuple[bytes, int], torch.Tensor] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self.pieces)
@@ -70,15 +84,38 @@ class TokenBytes:
 
     def consistent(self, rest: bytes) -> list[int]:
         """Token ids whose bytes are a prefix of ``rest`` or start with all of ``rest``."""
-        ids: list[int] = []
-        for k in range(1, len(rest)):  # proper prefixes of rest
-            ids += self._by_bytes.get(rest[:k], [])
-        # tokens starting with rest (rest itself included) sit together in sorted order
-        i = bisect.bisect_left(self._sorted, rest)
-        while i < len(self._sorted) and self._sorted[i].startswith(rest):
-            ids += self._by_bytes[self._sorted[i]]
-            i += 1
-        return sorted(ids)
+        return sorted(self._prefixes(rest) + self._extending(rest).tolist())
+
+    def mask(self, rest: bytes, vocab_size: int) -> torch.Tensor:
+        """``[vocab_size]`` booleans: :meth:`consistent`'s tokens. Shared: do not modify."""
+        key = (rest, vocab_size)
+        mask = self._masks.get(key)
+        if mask is None:
+            mask = torch.zeros(vocab_size, dtype=torch.bool)
+            mask[self._extending(rest)] = True
+            mask[self._prefixes(rest)] = True
+            self._masks[key] = mask
+            if len(self._masks) > self.MASKS_KEPT:
+                self._masks.popitem(last=False)
+        else:
+            self._masks.move_to_end(key)
+        return mask
+
+    def _prefixes(self, rest: bytes) -> list[int]:
+        """Ids of the tokens whose bytes are a proper prefix of ``rest``."""
+        return [i for k in range(1, len(rest)) for i in self._by_bytes.get(rest[:k], ())]
+
+    def _extending(self, rest: bytes) -> torch.Tensor:
+        """Ids of the tokens whose bytes start with ``rest`` (``rest`` itself included): in
+        sorted order they sit together, from ``rest`` up to the first string past them."""
+        lo = bisect.bisect_left(self._sorted, rest)
+        past = rest.rstrip(b"\xff")  # the least string after all that start with rest
+        hi = (
+            bisect.bisect_left(self._sorted, past[:-1] + bytes([past[-1] + 1]))
+            if past
+            else len(self._sorted)
+        )
+        return self._flat[self._offsets[lo] : self._offsets[max(hi, lo)]]
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Any, vocab_size: int) -> TokenBytes:
@@ -140,7 +177,7 @@ class Guide:
         self.table = table
         self.vocab_size = vocab_size
         self.rest: bytes = constraint.text.encode("utf-8")
-        self._masks: dict[bytes, torch.Tensor] = {}
+        self._free: torch.Tensor | None = None  # the row of a node the constraint is past
 
     @property
     def active(self) -> bool:
@@ -178,14 +215,11 @@ class Guide:
         return torch.stack(rows).to(device)
 
     def _mask(self, rest: bytes | None) -> torch.Tensor:
-        key = rest or b""
-        if key not in self._masks:
-            mask = torch.ones(self.vocab_size, dtype=torch.bool)
-            if key:
-                mask.fill_(False)
-                mask[self.table.consistent(key)] = True
-            self._masks[key] = mask
-        return self._masks[key]
+        if rest:
+            return self.table.mask(rest, self.vocab_size)
+        if self._free is None:
+            self._free = torch.ones(self.vocab_size, dtype=torch.bool)
+        return self._free
 
 
 # -- reading a vocabulary ------------------------------------------------------------------

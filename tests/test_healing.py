@@ -8,6 +8,8 @@ from collections import Counter
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from specd import Constraint, Draft, Drafter, Engine, SamplingParams, hookimpl
 from specd.conformance.gtest import ALPHA, g_test
@@ -122,6 +124,29 @@ def test_consistent_tokens_are_prefixes_of_the_rest_or_extend_it():
     table = TokenBytes.from_tokenizer(PieceTokenizer(), len(PIECES))
     for rest in ["abc", "a", "   ", "\n  ", "x", "):", "e"]:
         assert table.consistent(rest.encode()) == allowed_by_text(rest), rest
+
+
+# short byte strings over few symbols, 0xff among them: ranges end at the right place
+BYTES = st.lists(st.sampled_from([b"a", b"\xfe", b"\xff", b" "]), min_size=1, max_size=4).map(
+    b"".join
+)
+
+
+@given(
+    st.lists(BYTES, max_size=40),
+    BYTES,
+)
+def test_masks_match_the_definition_on_any_bytes(pieces, rest):
+    """Guards the sorted-range lookup: every token that starts with the rest (up to the
+    first string past them, ``\\xff`` bytes included) and every proper prefix of it, and
+    nothing else; a mask asked again is the same."""
+    table = TokenBytes([b""] + pieces)
+    want = [
+        i for i, p in enumerate(table.pieces) if p and (rest.startswith(p) or p.startswith(rest))
+    ]
+    assert table.consistent(rest) == want
+    for _ in range(2):
+        assert table.mask(rest, len(table) + 3).nonzero().flatten().tolist() == want
 
 
 def test_heal_removes_the_last_token_and_constrains_its_text():
