@@ -176,3 +176,30 @@ def test_prefill_dtype_needs_the_lean_forward():
     model = GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=4)).eval()
     with pytest.raises(BadInputError, match="prefill"):
         Target(model, CharTokenizer(VOCAB)).set_prefill_dtype(torch.bfloat16)
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")
+@pytest.mark.parametrize("fed_len", [1, 2, 3, 8, 16, 17])
+def test_prepacked_weights_compute_what_the_loaded_ones_do(monkeypatch, fed_len):
+    """Passes of 3-16 tokens (a verify pass) run on oneDNN's prepacked copy of the weights
+    where that measured faster; the logits are the loaded weights' to float32 rounding."""
+    model = tiny_model(VOCAB, num_layers=2, seed=4).float()
+    targets = {}
+    for packed in (True, False):
+        monkeypatch.setattr(fastpath, "_packed_is_faster", lambda *a, packed=packed: packed)
+        targets[packed] = Target(model, CharTokenizer(VOCAB), fast=True)
+    assert targets[True].fast._packed and not targets[False].fast._packed
+    calls = []
+    monkeypatch.setattr(
+        torch.ops.mkldnn,
+        "_linear_pointwise",
+        lambda *a, real=torch.ops.mkldnn._linear_pointwise: calls.append(1) or real(*a),
+    )
+    prompt, fed = list(range(1, 20)), [(7 * i) % VOCAB for i in range(fed_len)]
+    outs = []
+    for packed in (True, False):
+        cache = targets[packed].new_cache(capacity=8)
+        targets[packed].prefill(cache, prompt)
+        outs.append(targets[packed].forward(cache, fed).logits)
+    assert bool(calls) == (fed_len in fastpath.PACKED_ROWS)
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-4)
