@@ -106,14 +106,14 @@ class Engine:
         trust_remote_code: bool = False,
         compile: str = "auto",
         prefill_dtype: str | None = None,
+        packed_weights: str = "off",
         **engine_options: Any,
     ) -> Engine:
         """Load a model offline and build an engine around it.
 
-        :param model: as ``--model`` takes it (default: SmolLM2-135M-Instruct); see
-            :func:`specd.models.load_target`.
-        :param compile: the compiled decode step (:meth:`specd.Target.compile`).
-        :param prefill_dtype: prefill in this dtype (:meth:`specd.Target.set_prefill_dtype`).
+        :param model: as ``--model`` takes it (:func:`specd.models.load_target`).
+        :param compile, prefill_dtype, packed_weights: :meth:`specd.Target.compile`,
+            :meth:`specd.Target.set_prefill_dtype`, :meth:`specd.Target.pack_weights`.
         :param engine_options: the keyword arguments of :class:`Engine`.
         """
         from .models import load_target, parse_dtype
@@ -121,6 +121,7 @@ class Engine:
         prefill = parse_dtype(prefill_dtype) if prefill_dtype else None  # fail before loading
         target = load_target(model, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
         target.set_prefill_dtype(prefill)
+        target.pack_weights(packed_weights)
         target.compile(compile)
         return cls(target, **engine_options)
 
@@ -253,8 +254,7 @@ class Engine:
         # a drafter that reads the target's features gets those of the prompt, too
         wants_hidden = req.drafter_obj is not None and req.drafter_obj.wants_hidden
         hidden: list[torch.Tensor] | None = [] if wants_hidden else None
-        # the last few prompt tokens go with the first draft when the drafter reads neither
-        # the prompt's features nor the target's cache
+        # the last prompt tokens go with the first draft unless the drafter reads cache or features
         d = req.drafter_obj
         leave = FEED_TOKENS - 1 if d is None or not (d.wants_hidden or d.reads_cache) else 0
         cache, stats.reused_tokens, why = self.prefill(req.prompt, req.stop_reason, hidden, leave)

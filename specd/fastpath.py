@@ -10,6 +10,7 @@ of tensor operations per layer. It is used for the architectures listed in
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from .kvcache import KVCache
+
+log = logging.getLogger(__name__)
 
 SUPPORTED = frozenset({"llama", "qwen2", "mistral"})
 #: Row counts (tokens in one pass) that use prepacked weights, where they are faster: a
@@ -122,15 +125,32 @@ class FastDecoder:
         cpu32 = self.embed.device.type == "cpu" and self.embed.dtype == torch.float32
         mlp = [m for L in self.layers for m in (L.wg, L.wu, L.wd)]
         self._weight_major = cpu32 and _weight_major_is_faster(mlp)
-        # oneDNN's blocked layout of each weight, for passes of a few tokens (verifying a
-        # draft): on one 2-vCPU EPYC a pass of 9 tokens took 50 ms instead of 86 at 1k
-        # context. A copy of the weights, kept only where it measured faster.
         self._packed: dict[int, torch.Tensor] = {}
-        layer_weights = [m for L in self.layers for m in _weights(L)]
-        size = sum(m.numel() * m.element_size() for m in layer_weights)
-        if cpu32 and size <= PACKED_MAX_BYTES and _packed_is_faster(mlp[:24], self._linear):
-            for m in layer_weights:
-                self._packed.setdefault(m.data_ptr(), _pack(m))
+
+    def pack(self, mode: str = "auto") -> bool:
+        """Keep oneDNN's blocked layout of each decoder weight for passes of a few tokens
+        (:data:`PACKED_ROWS`: verifying a draft): on one 2-vCPU EPYC a pass of 9 tokens took
+        50 ms instead of 86 at 1k context. A copy of the weights: it costs their size in
+        memory again.
+
+        :param mode: ``on`` (CPU float32 weights); ``auto``: also only where it measures at
+            least 10% faster and the weights are at most :data:`PACKED_MAX_BYTES`; ``off``.
+        :returns: whether the packed weights are in use.
+        """
+        self._packed = {}
+        weights = [m for L in self.layers for m in _weights(L)]
+        cpu32 = self.embed.device.type == "cpu" and self.embed.dtype == torch.float32
+        if mode == "off" or not cpu32 or not _packable():
+            return False
+        size = sum(m.numel() * m.element_size() for m in weights)
+        if mode == "auto":
+            mlp = [m for L in self.layers for m in (L.wg, L.wu, L.wd)][:24]
+            if size > PACKED_MAX_BYTES or not _packed_is_faster(mlp, self._linear):
+                return False
+        for m in weights:
+            self._packed.setdefault(m.data_ptr(), _pack(m))
+        log.info("verify passes of a few tokens use prepacked weights (%d MB)", size >> 20)
+        return True
 
     def _linear(
         self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None
@@ -290,16 +310,22 @@ def _pack(w: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(w, max(PACKED_ROWS))
 
 
-@torch.inference_mode()
-def _packed_is_faster(weights: list[torch.Tensor], linear: Any, repeats: int = 2) -> bool:
-    """Whether oneDNN's prepacked product beats ``linear`` for 8 and 12 rows over
-    ``weights`` (the faster of ``repeats`` passes each); False where it is unavailable."""
+def _packable() -> bool:
+    """Whether this torch build has oneDNN's prepacked linear."""
     if not torch.backends.mkldnn.is_available():
         return False
     try:
-        packed = [_pack(w) for w in weights]
-    except RuntimeError:
+        _pack(torch.zeros(8, 8))
+    except (RuntimeError, AttributeError):
         return False
+    return True
+
+
+@torch.inference_mode()
+def _packed_is_faster(weights: list[torch.Tensor], linear: Any, repeats: int = 2) -> bool:
+    """Whether oneDNN's prepacked product beats ``linear`` by 10% for 8 and 12 rows over
+    ``weights`` (the faster of ``repeats`` passes each)."""
+    packed = [_pack(w) for w in weights]
     total = {True: 0.0, False: 0.0}
     for n in (8, 12):
         xs = {k: torch.randn(n, k, dtype=weights[0].dtype) for k in {w.shape[1] for w in weights}}

@@ -23,6 +23,8 @@ log = logging.getLogger(__name__)
 PREFILL_CHUNK = 256
 #: ``--compile`` choices.
 COMPILE_MODES = ("auto", "off", "on", "background")
+#: ``--packed-weights`` choices.
+PACK_CHOICES = ("auto", "on", "off")
 #: Positions a cache holds from the start when CUDA graphs replay over it.
 STATIC_CAPACITY = 4096
 
@@ -95,6 +97,13 @@ class Target:
                 "does not have; leave --prefill-dtype unset"
             )
         self.prefill_fast = FastDecoder(self.model, dtype=dtype)
+
+    def pack_weights(self, mode: str = "auto") -> bool:
+        """Prepacked weights for verify passes of a few tokens (:meth:`FastDecoder.pack`):
+        ``on``, ``auto`` (where measured faster) or ``off``. :returns: whether in use."""
+        if mode not in PACK_CHOICES:
+            raise BadInputError(f"packed weights: expected one of {PACK_CHOICES}, got {mode!r}")
+        return self.fast is not None and self.fast.pack(mode)
 
     @property
     def max_positions(self) -> int:

@@ -182,13 +182,14 @@ def test_prefill_dtype_needs_the_lean_forward():
 @pytest.mark.parametrize("fed_len", [1, 2, 3, 8, 16, 17])
 def test_prepacked_weights_compute_what_the_loaded_ones_do(monkeypatch, fed_len):
     """Passes of 3-16 tokens (a verify pass) run on oneDNN's prepacked copy of the weights
-    where that measured faster; the logits are the loaded weights' to float32 rounding."""
+    (``--packed-weights on``, or ``auto`` where that measured faster); the logits are the
+    loaded weights' to float32 rounding."""
     model = tiny_model(VOCAB, num_layers=2, seed=4).float()
-    targets = {}
-    for packed in (True, False):
-        monkeypatch.setattr(fastpath, "_packed_is_faster", lambda *a, packed=packed: packed)
-        targets[packed] = Target(model, CharTokenizer(VOCAB), fast=True)
-    assert targets[True].fast._packed and not targets[False].fast._packed
+    targets = {p: Target(model, CharTokenizer(VOCAB), fast=True) for p in (True, False)}
+    assert targets[True].pack_weights("on") and not targets[False].pack_weights("off")
+    for faster in (True, False):
+        monkeypatch.setattr(fastpath, "_packed_is_faster", lambda *a, faster=faster: faster)
+        assert Target(model, CharTokenizer(VOCAB)).pack_weights("auto") == faster
     calls = []
     monkeypatch.setattr(
         torch.ops.mkldnn,

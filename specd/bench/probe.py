@@ -36,6 +36,8 @@ class TargetSpec:
     compile: str = "auto"
     #: ``--prefill-dtype``
     prefill_dtype: str | None = None
+    #: ``--packed-weights``
+    packed_weights: str = "off"
 
     def load(self):
         from ..models import load_target, parse_dtype
@@ -48,6 +50,7 @@ class TargetSpec:
         )
         if self.prefill_dtype:
             target.set_prefill_dtype(parse_dtype(self.prefill_dtype))
+        target.pack_weights(self.packed_weights)
         target.compile(self.compile)
         return target
 

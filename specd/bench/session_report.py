@@ -66,8 +66,9 @@ def run(args: argparse.Namespace, server: list[str] | None = None) -> dict[str, 
                     if i == len(daemons):
                         # Started just before its first file, so its time to ready is its
                         # own: the daemons started earlier sit idle meanwhile.
+                        own = command + list(cfg.args) if server is None else command
                         daemons.append(
-                            session_run.start(cfg, command, threads=args.threads, cwd_uri=root)
+                            session_run.start(cfg, own, threads=args.threads, cwd_uri=root)
                         )
                     _say(args, f"[{k}/{len(scripts)}] {cfg.name}: {script.name}")
                     session_run.replay(daemons[i], script, keystroke_s=args.keystroke_ms / 1000)
@@ -104,6 +105,7 @@ def _model_args(args: argparse.Namespace) -> list[str]:
         ("--dtype", args.dtype),
         ("--device", args.device),
         ("--max-tokens", args.max_tokens),
+        ("--packed-weights", None if args.packed_weights == "off" else args.packed_weights),
     ):
         if value is not None:
             out += [flag, str(value)]

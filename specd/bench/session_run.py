@@ -34,10 +34,12 @@ READY_TRIES = 20
 
 @dataclass(frozen=True)
 class SessionConfig:
-    """A configuration of the daemon: a name and the ``initializationOptions`` it gets."""
+    """A configuration of the daemon: a name, the ``initializationOptions`` it gets and
+    ``specd serve`` options beyond the bench's own."""
 
     name: str
     options: dict[str, Any] = field(default_factory=dict, hash=False)
+    args: tuple[str, ...] = ()
 
 
 #: The configurations the session workload compares, as data: one line per row.
@@ -52,6 +54,8 @@ CONFIGS = (
         "no-pipeline",
         {"warm-up": False, "first-line": False, "completion-cache": False, "debounce-ms": 0},
     ),
+    # prepacked weights for verify passes (a second copy of the weights in memory)
+    SessionConfig("packed-weights", args=("--packed-weights", "on")),
 )
 
 
