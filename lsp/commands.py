@@ -79,7 +79,8 @@ def specd_register_commands(subparsers: argparse._SubParsersAction) -> None:
         help="cap on the memory of those KV caches (default: no cap beyond the count)",
     )
     _add_common(p)
-    p.set_defaults(func=_serve)
+    # a long-lived daemon trades the weights' size in memory for faster verify passes
+    p.set_defaults(func=_serve, packed_weights="auto")
 
     p = subparsers.add_parser(
         "complete",

@@ -57,10 +57,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--packed-weights",
         choices=("auto", "on", "off"),
-        default="off",
+        default=None,
         help="a second, prepacked copy of the weights for verify passes of 3-16 tokens: "
         "faster speculation on CPUs where oneDNN's product beats MKL's for a few rows, for "
-        "the weights' size in memory again; auto: where it measures faster (default: off)",
+        "the weights' size in memory again; auto: where it measures faster (default: auto "
+        "for specd serve, off elsewhere)",
     )
     g.add_argument(
         "--trust-remote-code",
@@ -146,7 +147,7 @@ def build_engine(args: argparse.Namespace, **engine_options: Any) -> Engine:
         trust_remote_code=args.trust_remote_code,
         compile=getattr(args, "compile", "auto"),
         prefill_dtype=getattr(args, "prefill_dtype", None),
-        packed_weights=getattr(args, "packed_weights", "off"),
+        packed_weights=getattr(args, "packed_weights", None) or "off",
         drafter=args.drafter,
         verifier=args.verifier,
         exit_policy=args.exit_policy,

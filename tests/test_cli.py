@@ -104,3 +104,19 @@ def test_the_tiny_model_is_a_model_name(capsys):
     assert weights[0].equal(weights[1]) and not weights[0].equal(weights[2])
     assert main(["generate", "abc", "--model", "tiny:x"]) == 2
     assert "tiny:SEED" in capsys.readouterr().err
+
+
+def test_only_the_daemon_keeps_prepacked_weights_by_default():
+    """The long-lived daemon trades the weights' size in memory for faster verify passes
+    where that measures faster; one-off commands keep the memory."""
+    from specd.cli import build_parser
+    from specd.options import build_engine
+
+    parser = build_parser()
+    assert parser.parse_args(["serve", "--stdio"]).packed_weights == "auto"
+    assert (
+        parser.parse_args(["serve", "--stdio", "--packed-weights", "off"]).packed_weights == "off"
+    )
+    args = parser.parse_args(["generate", "x", "--model", "tiny"])
+    assert args.packed_weights is None
+    assert not build_engine(args).target.fast._packed

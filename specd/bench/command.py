@@ -48,7 +48,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         trust_remote_code=args.trust_remote_code,
         compile=args.compile,
         prefill_dtype=args.prefill_dtype,
-        packed_weights=args.packed_weights,
+        packed_weights=args.packed_weights or "off",
     )
     target = spec.load()
     draft_lm = spec.load_draft(args.draft_model, target) if any(c.assisted for c in cfgs) else None
@@ -149,7 +149,6 @@ _DEFAULTS = {
     "session_lines": session.DEFAULT_BLOCK_LINES,
     "keystroke_ms": session_report.DEFAULT_KEYSTROKE_MS,
     "compile": "auto",
-    "packed_weights": "off",
 }
 
 

@@ -105,7 +105,7 @@ def _model_args(args: argparse.Namespace) -> list[str]:
         ("--dtype", args.dtype),
         ("--device", args.device),
         ("--max-tokens", args.max_tokens),
-        ("--packed-weights", None if args.packed_weights == "off" else args.packed_weights),
+        ("--packed-weights", args.packed_weights),
     ):
         if value is not None:
             out += [flag, str(value)]

@@ -54,8 +54,8 @@ CONFIGS = (
         "no-pipeline",
         {"warm-up": False, "first-line": False, "completion-cache": False, "debounce-ms": 0},
     ),
-    # prepacked weights for verify passes (a second copy of the weights in memory)
-    SessionConfig("packed-weights", args=("--packed-weights", "on")),
+    # without the prepacked weights for verify passes (the daemon's default is auto)
+    SessionConfig("no-packed-weights", args=("--packed-weights", "off")),
 )
 
 
