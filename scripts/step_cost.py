@@ -31,9 +31,16 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--device", default=None, help="cpu | cuda[:N] | mps (default: the best)")
     p.add_argument("--dtype", default=None)
+    p.add_argument("--packed-weights", choices=("auto", "on", "off"), default="off")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    target = Engine.load(args.model, dtype=args.dtype, device=args.device, drafter="none").target
+    target = Engine.load(
+        args.model,
+        dtype=args.dtype,
+        device=args.device,
+        drafter="none",
+        packed_weights=args.packed_weights,
+    ).target
     tokens = [(i * 7919) % 1000 + 100 for i in range(args.context + 128)]
     cache = target.new_cache(capacity=args.context + 128)
     target.prefill(cache, tokens[: args.context])
