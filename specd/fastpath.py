@@ -127,11 +127,12 @@ class FastDecoder:
         self._weight_major = cpu32 and _weight_major_is_faster(mlp)
         self._packed: dict[int, torch.Tensor] = {}
 
+    @torch.no_grad()
     def pack(self, mode: str = "auto") -> bool:
         """Keep oneDNN's blocked layout of each decoder weight for passes of a few tokens
         (:data:`PACKED_ROWS`: verifying a draft): on one 2-vCPU EPYC a pass of 9 tokens took
-        50 ms instead of 86 at 1k context. A copy of the weights: it costs their size in
-        memory again.
+        61 ms instead of 91 at 1k context (``scripts/step_cost.py``). A copy of the
+        weights: it costs their size in memory again.
 
         :param mode: ``on`` (CPU float32 weights); ``auto``: also only where it measures at
             least 10% faster and the weights are at most :data:`PACKED_MAX_BYTES`; ``off``.
