@@ -246,7 +246,7 @@ def test_a_cold_request_is_answered_from_a_short_prompt_until_the_full_one_is_wa
     assert cold.stats is not None
     if limit:
         assert metrics.cold_prompts == 1
-        assert limit - prompting.CUT_STEP < cold.stats.prompt_tokens <= limit
+        assert limit - prompting.cut_step(limit) < cold.stats.prompt_tokens <= limit
     else:
         assert metrics.cold_prompts == 0 and cold.stats.prompt_tokens == len(full.ids)
     completer.warm(_request(engine, LONG_DOC, settings=settings))  # what the warm-ups do
@@ -473,6 +473,27 @@ def test_keystrokes_on_a_long_file_keep_the_prompt_start(engine):
         kept = next((i for i, (a, b) in enumerate(zip(previous, ids)) if a != b), len(previous))
         assert kept >= len(previous) - 2, f"keystroke {k} kept {kept} of {len(previous)} tokens"
         previous = ids
+
+
+def test_a_window_denser_than_its_file_moves_its_start_once_per_quarter_budget(engine):
+    """Guards against a prompt whose text before the cursor holds more tokens than the
+    budget (a stretch denser than the file's measured characters per token) being re-cut
+    every 64 tokens typed: each cut sends the whole prompt through the model again."""
+    completer = Completer(engine)
+    doc = Document("file:///w/a.py", "".join(f"v{i}=f({i})\n" for i in range(600)))
+    settings = Settings(prefix_tokens=1024, context_tokens=0)
+    previous: list[int] = []
+    moves = 0
+    for _ in range(600):  # 600 characters typed: one token each for this tokenizer
+        at = doc.resolve(599, 10**6)
+        doc.apply_change("x", at, at)
+        cursor = cursor_at(doc, doc.resolve(599, 10**6), settings, chars_per_token=8.0)
+        ids = completer.build_prompt(CompletionRequest(cursor, "a.py", settings)).ids
+        # (token healing backs the prompt up by one more token)
+        assert 1024 - prompting.cut_step(1024) - 1 <= len(ids) <= 1024
+        moves += bool(previous) and ids[:8] != previous[:8]
+        previous = ids
+    assert moves <= 3  # 600 tokens typed, a quarter of 1,024 at a time (64: nine moves)
 
 
 def test_opening_and_editing_before_the_model_loads_does_not_wait_for_it():
