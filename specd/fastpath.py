@@ -28,6 +28,9 @@ SUPPORTED = frozenset({"llama", "qwen2", "mistral"})
 PACKED_ROWS = range(3, 17)
 #: Decoder weights larger than this are not packed (the copy would double their memory).
 PACKED_MAX_BYTES = 2 << 30
+#: Which product won, per weight shapes and thread count: measured once per process, so
+#: two decoders of one model compute the same arithmetic (and the same tokens).
+_WEIGHT_MAJOR: dict[tuple[Any, ...], bool] = {}
 
 
 @dataclass
@@ -124,7 +127,10 @@ class FastDecoder:
         # the dtype: measured here, once.
         cpu32 = self.embed.device.type == "cpu" and self.embed.dtype == torch.float32
         mlp = [m for L in self.layers for m in (L.wg, L.wu, L.wd)]
-        self._weight_major = cpu32 and _weight_major_is_faster(mlp)
+        key = (tuple(tuple(m.shape) for m in mlp), torch.get_num_threads())
+        if cpu32 and key not in _WEIGHT_MAJOR:
+            _WEIGHT_MAJOR[key] = _weight_major_is_faster(mlp)
+        self._weight_major = cpu32 and _WEIGHT_MAJOR[key]
         self._packed: dict[int, torch.Tensor] = {}
 
     @torch.no_grad()

@@ -204,3 +204,14 @@ def test_prepacked_weights_compute_what_the_loaded_ones_do(monkeypatch, fed_len)
         outs.append(targets[packed].forward(cache, fed).logits)
     assert bool(calls) == (fed_len in fastpath.PACKED_ROWS)
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-4)
+
+
+def test_decoders_of_one_model_use_the_same_products(monkeypatch):
+    """Guards against each decoder timing the products on its own: on a noisy machine two
+    targets over the same weights could pick different ones and round differently."""
+    answers = iter([True, False, True, False])
+    monkeypatch.setattr(fastpath, "_WEIGHT_MAJOR", {})
+    monkeypatch.setattr(fastpath, "_weight_major_is_faster", lambda w: next(answers))
+    model = tiny_model(VOCAB, num_layers=2, seed=5, dtype=torch.float32)
+    picks = {Target(model, CharTokenizer(VOCAB)).fast._weight_major for _ in range(3)}
+    assert picks == {True}
