@@ -125,12 +125,12 @@ class FastDecoder:
             )
         # Which matrix product streams weights fastest depends on the CPU, its threads and
         # the dtype: measured here, once.
-        cpu32 = self.embed.device.type == "cpu" and self.embed.dtype == torch.float32
+        self._cpu32 = self.embed.device.type == "cpu" and self.embed.dtype == torch.float32
         mlp = [m for L in self.layers for m in (L.wg, L.wu, L.wd)]
         key = (tuple(tuple(m.shape) for m in mlp), torch.get_num_threads())
-        if cpu32 and key not in _WEIGHT_MAJOR:
+        if self._cpu32 and key not in _WEIGHT_MAJOR:
             _WEIGHT_MAJOR[key] = _weight_major_is_faster(mlp)
-        self._weight_major = cpu32 and _WEIGHT_MAJOR[key]
+        self._weight_major = self._cpu32 and _WEIGHT_MAJOR[key]
         self._packed: dict[int, torch.Tensor] = {}
 
     @torch.no_grad()
@@ -146,8 +146,7 @@ class FastDecoder:
         """
         self._packed = {}
         weights = [m for L in self.layers for m in _weights(L)]
-        cpu32 = self.embed.device.type == "cpu" and self.embed.dtype == torch.float32
-        if mode == "off" or not cpu32 or not _packable():
+        if mode == "off" or not self._cpu32 or not _packable():
             return False
         size = sum(m.numel() * m.element_size() for m in weights)
         if mode == "auto":
@@ -332,23 +331,15 @@ def _packable() -> bool:
 def _packed_is_faster(weights: list[torch.Tensor], linear: Any, repeats: int = 2) -> bool:
     """Whether oneDNN's prepacked product beats ``linear`` by 10% for 8 and 12 rows over
     ``weights`` (the faster of ``repeats`` passes each)."""
-    packed = [_pack(w) for w in weights]
-    total = {True: 0.0, False: 0.0}
-    for n in (8, 12):
-        xs = {k: torch.randn(n, k, dtype=weights[0].dtype) for k in {w.shape[1] for w in weights}}
-        for use in (True, False):
-            best = float("inf")
-            for _ in range(repeats):
-                t = time.perf_counter()
-                for w, p in zip(weights, packed):
-                    x = xs[w.shape[1]]
-                    if use:
-                        torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], "")
-                    else:
-                        linear(x, w)
-                best = min(best, time.perf_counter() - t)
-            total[use] += best
-    return total[True] < 0.9 * total[False]
+    packed = {w.data_ptr(): _pack(w) for w in weights}
+
+    def product(use: bool, x: torch.Tensor, w: torch.Tensor) -> Any:
+        if use:
+            return torch.ops.mkldnn._linear_pointwise(x, packed[w.data_ptr()], None, "none", [], "")
+        return linear(x, w)
+
+    packed_s, plain_s = _timed(weights, (8, 12), product, repeats)
+    return packed_s < 0.9 * plain_s
 
 
 @torch.inference_mode()
@@ -361,17 +352,28 @@ def _weight_major_is_faster(weights: list[torch.Tensor], repeats: int = 2) -> bo
     weights at a third of the speed of ``w @ x.T``; on another (an Intel Xeon, one thread)
     it was the other way round, by 2x. The faster of ``repeats`` passes of each decides.
     """
+
+    def product(major: bool, x: torch.Tensor, w: torch.Tensor) -> Any:
+        return w @ (torch.cat([x, x]) if len(x) == 1 else x).T if major else F.linear(x, w)
+
+    major_s, linear_s = _timed(weights, (1, 4), product, repeats)
+    return major_s < linear_s
+
+
+def _timed(
+    weights: list[torch.Tensor], rows: tuple[int, ...], product: Any, repeats: int
+) -> tuple[float, float]:
+    """Seconds of ``product(True, x, w)`` and of ``product(False, x, w)`` over every weight,
+    summed over the row counts, each the fastest of ``repeats`` passes."""
     total = {True: 0.0, False: 0.0}
-    for n in (1, 4):
+    for n in rows:
         xs = {k: torch.randn(n, k, dtype=weights[0].dtype) for k in {w.shape[1] for w in weights}}
-        padded = {k: torch.cat([x, x]) if n == 1 else x for k, x in xs.items()}
-        for major in (True, False):
+        for which in (True, False):
             best = float("inf")
             for _ in range(repeats):
                 t = time.perf_counter()
                 for w in weights:
-                    k = w.shape[1]
-                    _ = w @ padded[k].T if major else F.linear(xs[k], w)
+                    product(which, xs[w.shape[1]], w)
                 best = min(best, time.perf_counter() - t)
-            total[major] += best
-    return total[True] < total[False]
+            total[which] += best
+    return total[True], total[False]
