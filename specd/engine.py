@@ -33,7 +33,7 @@ from .prefix_cache import PrefixCache
 from .sampling import SamplingParams, choose, make_generator, warp
 from .speculation import NO_DRAFTER, PluginInstances, Request, Speculation, check_exact, check_names
 from .stats import Stats
-from .target import PREFILL_CHUNK, Target
+from .target import FIRST_CHUNK, PREFILL_CHUNK, Target
 
 #: Tokens a warm-up prefills between two looks at its cancel check: a request waits at
 #: most this long for the warm-up it interrupts.
@@ -219,9 +219,9 @@ class Engine:
         ids = self._prompt_ids(prompt)
         if isinstance(cancel, threading.Event):
             cancel = cancel.is_set
-        chunk, leave = (PREFILL_CHUNK, FEED_TOKENS - 1) if request else (chunk, 0)
+        sizes = (PREFILL_CHUNK, FEED_TOKENS - 1, FIRST_CHUNK) if request else (chunk, 0, None)
         with self._lock:  # a request keeps all of its prompt but the pending token cached
-            return self.prefix_cache.fill(ids[:-1], self.target.prefill, cancel, chunk, leave)
+            return self.prefix_cache.fill(ids[:-1], self.target.prefill, cancel, *sizes)
 
     def cached_tokens(self, prompt: Sequence[int]) -> int:
         """How many of ``prompt``'s tokens a request would reuse, computing nothing."""

@@ -204,13 +204,16 @@ class FastDecoder:
         keep: int = 0,
         layers: int | None = None,
         hidden: bool = False,
+        logits: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """:param ids: ``[1, T]`` token ids. :param position_ids: ``[1, T]``.
         :param mask: additive ``[1, 1, T, past + T]`` mask, or None for causal order.
         :param keep: logits for the last ``keep`` positions only (0: all).
         :param layers: stop after this many decoder layers (early exit).
-        :returns: logits ``[T', V]`` and, when asked, the last hidden states ``[T, H]`` after
-        the final norm."""
+        :param logits: False: only fill the cache (a prefill whose output nobody reads); the
+            last layer then computes its keys and values and nothing after them.
+        :returns: logits ``[T', V]`` (``[0, V]`` without ``logits``) and, when asked, the last
+        hidden states ``[T, H]`` after the final norm."""
         t = ids.shape[1]
         h = F.embedding(ids, self.embed)  # [1, T, H]
         cos, sin = self.rotary_tables(h, position_ids)
@@ -225,9 +228,13 @@ class FastDecoder:
             mask = mask.masked_fill_(blocked, torch.finfo(h.dtype).min)[None, None]
         if mask is not None:
             mask = self.pack_mask(mask)
-        for i, L in enumerate(self.layers[:layers]):
+        run = self.layers[:layers]
+        cache_only = not logits and not hidden
+        for i, L in enumerate(run):
             q, k, v = self.qkv(L, h, cos, sin)
             keys, values = cache.layer(i).update(k, v)  # [1, KV, S, D]
+            if cache_only and i == len(run) - 1:
+                return self.lm_head.new_empty(0, self.lm_head.shape[0]), None
             if causal_from_zero:
                 o = F.scaled_dot_product_attention(
                     q,

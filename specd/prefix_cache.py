@@ -107,10 +107,12 @@ class PrefixCache:
         cancel: Callable[[], bool] | None = None,
         chunk: int = 64,
         leave: int = 0,
+        first: int | None = None,
     ) -> tuple[int, int]:
         """Make an entry hold ``tokens``: ``extend(cache, piece)`` computes what no entry
-        holds, ``chunk`` tokens at a time, with ``cancel`` checked between chunks; what
-        was computed is kept either way. ``leave`` or fewer tokens left: none computed.
+        holds, ``chunk`` tokens at a time (``first`` at a time into an empty cache, when
+        given), with ``cancel`` checked between chunks; what was computed is kept either way.
+        ``leave`` or fewer tokens left: none computed.
 
         :returns: (tokens an entry already held, tokens computed now).
         """
@@ -119,10 +121,13 @@ class PrefixCache:
             return held, 0  # acquiring would crop away what the entry holds after them
 
         def in_chunks(cache: KVCache, rest: Sequence[int], *_: object) -> str:
-            for start in range(0, len(rest), chunk):
+            start = 0
+            while start < len(rest):
                 if cancel is not None and cancel():
                     return "cancelled"
-                extend(cache, rest[start : start + chunk])
+                size = first if first and cache.length == 0 else chunk
+                extend(cache, rest[start : start + size])
+                start += size
             return ""
 
         cache, held, _ = self.prefill(tokens, in_chunks)

@@ -21,6 +21,10 @@ log = logging.getLogger(__name__)
 
 #: Prompt tokens computed per forward pass in prefill, with a stop check between passes.
 PREFILL_CHUNK = 256
+#: A prefill into an empty cache computes up to this many tokens in its first pass: causal
+#: attention needs no mask there, and the matrix products run at their most efficient size
+#: (1,024 tokens: 1.6 s in one pass, 1.8 s in chunks of 256, on a 2-core CPU).
+FIRST_CHUNK = 2048
 #: ``--compile`` choices.
 COMPILE_MODES = ("auto", "off", "on", "background")
 #: ``--packed-weights`` choices.
@@ -154,8 +158,8 @@ class Target:
         stop: Callable[[], str] | None = None,
         hidden: list[torch.Tensor] | None = None,
     ) -> str:
-        """Append ``tokens`` to the cache without computing their logits (beyond one row),
-        in chunks of ``PREFILL_CHUNK`` tokens.
+        """Append ``tokens`` to the cache without computing their logits, in the passes
+        :func:`prefill_pieces` gives.
 
         :param stop: checked before each chunk; a non-empty answer ends the prefill there.
         :param hidden: when given, each chunk's last hidden states ``[T, H]`` are appended.
@@ -163,12 +167,12 @@ class Target:
         """
         # One allocation for the prompt and a first stretch of decoding.
         cache.reserve(cache.length + len(tokens) + PREFILL_CHUNK)
-        for start in range(0, len(tokens), PREFILL_CHUNK):
+        for start, end in prefill_pieces(cache.length, len(tokens)):
             why = stop() if stop is not None else ""
             if why:
                 return why
-            chunk = list(tokens[start : start + PREFILL_CHUNK])
-            out = self._run(cache, chunk, None, keep=1, hidden=hidden is not None)
+            chunk = list(tokens[start:end])
+            out = self._run(cache, chunk, None, keep=1, hidden=hidden is not None, logits=False)
             if hidden is not None and out.hidden is not None:
                 hidden.append(out.hidden)
         return ""
@@ -257,6 +261,7 @@ class Target:
         keep: int,
         hidden: bool = False,
         eager: bool = False,
+        logits: bool = True,
     ) -> ForwardOut:
         past = cache.length
         n = len(tokens)
@@ -273,18 +278,30 @@ class Target:
                 return ForwardOut(logits=out[0], hidden=out[1] if hidden else None)
         fast = self.prefill_fast if keep and self.prefill_fast is not None else self.fast
         if fast is not None:
-            logits, hs = fast.forward(cache, ids, position_ids, mask, keep=keep, hidden=hidden)
-            return ForwardOut(logits=logits, hidden=hs)
+            row, hs = fast.forward(
+                cache, ids, position_ids, mask, keep=keep, hidden=hidden, logits=logits
+            )
+            return ForwardOut(logits=row, hidden=hs)
         kwargs: dict = {self._cache_kw: cache.hf, "use_cache": True, "logits_to_keep": keep}
         kwargs["position_ids"] = position_ids
         if mask is not None:
             kwargs["attention_mask"] = mask
         if hidden:
             kwargs["output_hidden_states"] = True
-        out = self.model(input_ids=ids, **kwargs)
-        logits = out.logits[0]  # [T, V]
-        hs = out.hidden_states[-1][0] if hidden else None
-        return ForwardOut(logits=logits, hidden=hs)
+        res = self.model(input_ids=ids, **kwargs)
+        hs = res.hidden_states[-1][0] if hidden else None
+        return ForwardOut(logits=res.logits[0], hidden=hs)  # [T, V]
+
+
+def prefill_pieces(past: int, n: int, chunk: int = PREFILL_CHUNK) -> list[tuple[int, int]]:
+    """``[start, end)`` of each pass that prefills ``n`` tokens after ``past`` cached ones:
+    :data:`FIRST_CHUNK` for the first when the cache is empty, ``chunk`` after that."""
+    pieces, start = [], 0
+    while start < n:
+        end = min(n, start + (FIRST_CHUNK if past + start == 0 else chunk))
+        pieces.append((start, end))
+        start = end
+    return pieces
 
 
 def _tree_mask(

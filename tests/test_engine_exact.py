@@ -225,20 +225,20 @@ def test_time_budget():
 
 
 def test_cancellation_during_a_long_prefill_keeps_what_was_computed():
-    from specd.target import PREFILL_CHUNK
+    from specd.target import FIRST_CHUNK, PREFILL_CHUNK
 
     engine = Engine(tiny_target(VOCAB, seed=0), drafter="none")
-    prompt = [i % VOCAB for i in range(PREFILL_CHUNK * 3 + 5)]
+    prompt = [i % VOCAB for i in range(FIRST_CHUNK + PREFILL_CHUNK * 2 + 5)]
     checks = []
 
     def cancel():
         checks.append(1)
-        return len(checks) > 2  # after two chunks
+        return len(checks) > 2  # after the first pass (FIRST_CHUNK) and one more chunk
 
     out = engine.generate(prompt, SamplingParams(max_tokens=5), cancel=cancel)
     assert out.stats.finish_reason == "cancelled" and out.token_ids == []
     again = engine.generate(prompt, SamplingParams(max_tokens=5))
-    assert again.stats.reused_tokens == 2 * PREFILL_CHUNK
+    assert again.stats.reused_tokens == FIRST_CHUNK + PREFILL_CHUNK
     cold = Engine(engine.target, drafter="none").generate(prompt, SamplingParams(max_tokens=5))
     assert again.token_ids == cold.token_ids
 

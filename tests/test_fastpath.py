@@ -215,3 +215,41 @@ def test_decoders_of_one_model_use_the_same_products(monkeypatch):
     model = tiny_model(VOCAB, num_layers=2, seed=5, dtype=torch.float32)
     picks = {Target(model, CharTokenizer(VOCAB)).fast._weight_major for _ in range(3)}
     assert picks == {True}
+
+
+@pytest.mark.parametrize("arch", sorted(MODELS))
+def test_a_prefill_fills_every_layer_as_a_full_forward_does(arch):
+    """The prefill stops the last layer after its keys and values (nobody reads its output).
+    Guards against that layer's cache entries going missing or differing from a full
+    forward's, and against the prefill computing logits it throws away."""
+    target = Target(MODELS[arch], CharTokenizer(VOCAB), fast=True)
+    prompt = [(7 * i) % VOCAB for i in range(37)]
+    full, lean = target.new_cache(capacity=8), target.new_cache(capacity=8)
+    target.forward(full, prompt)
+    assert target.prefill(lean, prompt) == ""
+    assert lean.length == full.length == len(prompt)
+    n_layers = len(target.fast.layers)  # type: ignore[union-attr]
+    for i in range(n_layers):
+        torch.testing.assert_close(lean.layer(i).keys, full.layer(i).keys, rtol=0, atol=1e-12)
+        torch.testing.assert_close(lean.layer(i).values, full.layer(i).values, rtol=0, atol=1e-12)
+    ids = torch.tensor([prompt[:3]])
+    pos = torch.arange(3)[None]
+    cache = target.new_cache(capacity=8)
+    logits, hidden = target.fast.forward(cache, ids, pos, None, keep=1, logits=False)  # type: ignore[union-attr]
+    assert logits.shape == (0, target.vocab_size) and hidden is None and cache.length == 3
+
+
+def test_prefill_passes_start_with_one_long_pass_into_an_empty_cache():
+    from specd.target import FIRST_CHUNK, PREFILL_CHUNK, prefill_pieces
+
+    assert prefill_pieces(0, 10) == [(0, 10)]
+    assert prefill_pieces(0, FIRST_CHUNK + 300) == [
+        (0, FIRST_CHUNK),
+        (FIRST_CHUNK, FIRST_CHUNK + PREFILL_CHUNK),
+        (FIRST_CHUNK + PREFILL_CHUNK, FIRST_CHUNK + 300),
+    ]
+    assert prefill_pieces(5, PREFILL_CHUNK + 1) == [
+        (0, PREFILL_CHUNK),
+        (PREFILL_CHUNK, PREFILL_CHUNK + 1),
+    ]
+    assert prefill_pieces(0, 0) == []

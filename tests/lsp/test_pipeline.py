@@ -260,7 +260,7 @@ def test_a_cold_request_is_answered_from_a_short_prompt_until_the_full_one_is_wa
 def test_a_request_reads_its_prompt_in_large_chunks_and_a_keystroke_in_its_first_step(engine):
     """Guards against a request's own prefill running in a warm-up's small chunks (a third
     slower on a long prompt, and nothing but a newer request for the same prompt would
-    interrupt it), and against a keystroke's few new tokens costing a forward pass of their
+    interrupt it) rather than in one pass into an empty cache, and against a keystroke's few new tokens costing a forward pass of their
     own before the first step."""
     completer = Completer(engine, SamplingParams(max_tokens=2))
     settings = Settings(time_budget_ms=60_000, max_tokens=2)
@@ -273,7 +273,7 @@ def test_a_request_reads_its_prompt_in_large_chunks_and_a_keystroke_in_its_first
     try:
         cold = completer.complete(_request(engine, LONG_DOC, settings=settings))
         assert cold.stats is not None and cold.stats.prompt_tokens > 3 * PREFILL_CHUNK
-        assert max(chunks) == PREFILL_CHUNK
+        assert len(chunks) == 1 and chunks[0] > 3 * PREFILL_CHUNK  # one pass
         chunks.clear()
         typed = completer.complete(_request(engine, LONG_DOC + "value_150 =", settings=settings))
         assert typed.stats is not None and typed.stats.reused_tokens > 3 * PREFILL_CHUNK
