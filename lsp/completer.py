@@ -24,7 +24,7 @@ from specd import Engine, SamplingParams, Stats
 
 from . import postprocess, prompting
 from .cache import Entry
-from .config import Settings
+from .config import Settings, prefix_tokens
 from .documents import Cursor, Document, Position
 from .metrics import Metrics
 from .workspace import WorkspaceIndex
@@ -51,7 +51,7 @@ def cursor_at(
     """
     return doc.cursor(
         pos,
-        before_chars=int(settings.prefix_tokens * min(chars_per_token, prompting.CHARS_PER_TOKEN)),
+        before_chars=int(prefix_tokens(settings) * min(chars_per_token, prompting.CHARS_PER_TOKEN)),
         after_chars=max(settings.suffix_tokens * prompting.CHARS_PER_TOKEN, MIN_AFTER_CHARS),
     )
 
@@ -299,7 +299,7 @@ class Completer:
         """The prompt for ``req``, within ``budget`` (default: the request's settings)."""
         s = req.settings
         if budget is None:
-            budget = prompting.Budget(s.prefix_tokens, s.suffix_tokens, s.context_tokens)
+            budget = prompting.Budget(prefix_tokens(s), s.suffix_tokens, s.context_tokens)
         others: list[prompting.ContextDocument] = []
         if budget.context_tokens:
             for doc in req.others:

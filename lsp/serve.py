@@ -22,6 +22,9 @@ from . import config
 
 log = logging.getLogger(__name__)
 
+#: Tokens of the timed prefill at load (about a third of a second on a 2-core CPU).
+PREFILL_PROBE = 256
+
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from .daemon import listen, parse_address
@@ -151,12 +154,22 @@ def with_backend(args: argparse.Namespace, engine: Any) -> Any:
 
 
 def warm_up(engine: Any) -> None:
-    """One tiny generation, so the first real request does not pay for lazy setup."""
+    """One tiny generation, so the first real request does not pay for lazy setup; then a
+    timed prefill into an empty cache, which sizes ``prefix-tokens = "auto"``."""
     from specd import SamplingParams
 
-    engine.generate(
-        engine.tokenize("def main():\n") or [0], SamplingParams(max_tokens=2), drafter="none"
-    )
+    line = engine.tokenize("def main():\n") or [0]
+    engine.generate(line, SamplingParams(max_tokens=2), drafter="none")
+    ids = (line * (PREFILL_PROBE // len(line) + 1))[:PREFILL_PROBE]
+    rate = 0.0
+    for n in (PREFILL_PROBE // 4, PREFILL_PROBE):  # the first long pass pays for setup
+        engine.prefix_cache.clear()
+        t0 = time.perf_counter()
+        engine.warm(ids[:n], request=True)
+        rate = (n - 1) / max(time.perf_counter() - t0, 1e-6)
+    engine.prefix_cache.clear()
+    size = config.measured_prefill(rate)
+    log.info("prefill %.0f tokens/s: prefix-tokens auto = %d", rate, size)
 
 
 # -- complete ----------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from specd import Engine
 
 from .. import prompting
-from ..config import Settings
+from ..config import Settings, prefix_tokens
 from ..documents import Cursor
 
 
@@ -48,7 +48,7 @@ class Prompter:
         :returns: the prompt, and whether ``before`` was cut to fit the budget.
         """
         s = self.settings
-        window = s.prefix_tokens * prompting.CHARS_PER_TOKEN
+        window = prefix_tokens(s) * prompting.CHARS_PER_TOKEN
         line_before = before.rsplit("\n", 1)[-1]
         cursor = Cursor(
             before=before[-window:],
@@ -67,7 +67,7 @@ class Prompter:
             ids = self.vocab.encode(head)[: s.context_tokens]
             if ids:
                 others.append(prompting.ContextDocument(name or "context", ids))
-        budget = prompting.Budget(s.prefix_tokens, s.suffix_tokens, s.context_tokens)
+        budget = prompting.Budget(prefix_tokens(s), s.suffix_tokens, s.context_tokens)
         prompt = prompting.build(
             self.template,
             self.vocab,
@@ -77,7 +77,7 @@ class Prompter:
             budget=budget,
             heal=self.heal if heal else None,
         )
-        truncated = cursor.before_truncated or prompt.prefix_tokens >= s.prefix_tokens
+        truncated = cursor.before_truncated or prompt.prefix_tokens >= prefix_tokens(s)
         return prompt, truncated
 
     def stop_ids(self, ids: Sequence[int]) -> frozenset[int]:

@@ -58,3 +58,41 @@ def test_strict_decoding_raises_with_the_field_name():
         config.decode_strict({"max-lines": -1}, source="--config x.toml")
     with pytest.raises(BadInputError, match="unknown setting `maxlines`"):
         config.decode_strict({"maxlines": 1}, source="--config x.toml")
+
+
+@pytest.fixture
+def restore_auto_prefix():
+    saved = list(config._auto_prefix)
+    yield
+    config._auto_prefix[:] = saved
+
+
+def test_auto_prefix_is_sized_by_the_measured_prefill(restore_auto_prefix):
+    """``prefix-tokens = "auto"`` (the default) follows the prefill speed measured at load,
+    in multiples of 64 within its bounds; a number is taken as given. Guards against a slow
+    machine reading 1,536 tokens before its first suggestion on every file it opens."""
+    low, high = config.AUTO_PREFIX_TOKENS
+    auto = config.Settings()
+    assert auto.prefix_tokens == "auto"
+    assert config.prefix_tokens(auto) == high  # nothing measured yet
+    assert config.measured_prefill(600 / config.COLD_READ_S) == 576
+    assert config.prefix_tokens(auto) == 576
+    assert config.prefix_tokens(config.Settings(prefix_tokens=100)) == 100
+    assert config.measured_prefill(1.0) == low
+    assert config.measured_prefill(1e9) == high
+    settings, messages = config.decode({"prefix-tokens": "most"}, source="s")
+    assert settings.prefix_tokens == "auto" and "`prefix-tokens`" in messages[0]
+
+
+def test_the_daemon_measures_its_prefill_at_load(restore_auto_prefix):
+    from specd.lsp import serve
+
+    from specd import Engine
+    from specd.tiny import tiny_target
+
+    config._auto_prefix[0] = -1
+    engine = Engine(tiny_target(96, seed=0), drafter="none")
+    serve.warm_up(engine)
+    low, high = config.AUTO_PREFIX_TOKENS
+    assert low <= config.prefix_tokens(config.Settings()) <= high
+    assert len(engine.prefix_cache) == 0  # the probe's tokens are not kept
