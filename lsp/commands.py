@@ -262,6 +262,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
     print(
         f"prefix cache      hit rate {pc['hit_rate']:.0%}, {pc['reused_fraction']:.0%} of prompt tokens reused"
     )
+    if prompt := report.get("prompt"):
+        print(f"prompt            prefix-tokens auto = {prompt['auto_prefix_tokens']}")
     pl = report.get("pipeline") or {}
     if pl:
         print(

@@ -10,6 +10,7 @@ from typing import Any, cast
 
 from specd import Engine, SamplingParams
 
+from . import config
 from .completer import Completer
 from .config import Settings
 from .metrics import Metrics
@@ -123,7 +124,10 @@ class Service:
             log.debug("a completion failed again (%s)", kind)
 
     def stats(self) -> dict[str, Any]:
-        return self.metrics.snapshot(self._engine.prefix_cache if self._engine else None)
+        report = self.metrics.snapshot(self._engine.prefix_cache if self._engine else None)
+        # what ``prefix-tokens = "auto"`` stands for on this machine (measured at load)
+        report["prompt"] = {"auto_prefix_tokens": config.prefix_tokens(config.Settings())}
+        return report
 
     def close(self) -> None:
         self.worker.stop()

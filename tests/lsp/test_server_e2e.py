@@ -93,6 +93,15 @@ async def _configure(client: LanguageClient, **settings) -> None:
     await _stats(client)  # a round trip: the notification has been handled
 
 
+async def test_stats_say_what_the_auto_prefix_measured(client: LanguageClient):
+    """The daemon times its prefill at load and sizes ``prefix-tokens = "auto"`` from it;
+    the report says the size, within the documented bounds."""
+    from specd.lsp.config import AUTO_PREFIX_TOKENS
+
+    size = (await _stats(client))["prompt"]["auto_prefix_tokens"]
+    assert AUTO_PREFIX_TOKENS[0] <= size <= AUTO_PREFIX_TOKENS[1] and size % 64 == 0
+
+
 async def test_capabilities_are_advertised(client: LanguageClient):
     caps = client.init_result.capabilities
     assert caps.inline_completion_provider is not None
