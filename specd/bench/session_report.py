@@ -16,7 +16,7 @@ daemon and report, per configuration, what a user of ghost text sees.
 
 Beside them, the fields of the other workloads that apply to a daemon: ``config``,
 ``drafter``, ``ttft_s``, ``tpot_p50_s``, ``tpot_p95_s``, ``mean_acceptance_length``
-(from the daemon's own ``specd/stats``).
+and ``auto_prefix_tokens`` (from the daemon's own ``specd/stats``).
 """
 
 from __future__ import annotations
@@ -149,6 +149,8 @@ def summarize(d: Daemon) -> dict[str, Any]:
         "tpot_p50_s": (lat.get("tpot_s") or {}).get("p50"),
         "tpot_p95_s": (lat.get("tpot_s") or {}).get("p95"),
         "mean_acceptance_length": (stats.get("acceptance") or {}).get("mean_length"),
+        # what ``prefix-tokens = "auto"`` stood for in this daemon (measured at its load)
+        "auto_prefix_tokens": (stats.get("prompt") or {}).get("auto_prefix_tokens"),
         # A configuration whose options the daemon did not take measures the defaults.
         "options_refused": unknown,
         "server_messages": d.messages,

@@ -146,6 +146,7 @@ def test_the_session_report_carries_the_contract_fields(tmp_path, capsys):
     ):
         assert key in row
     assert row["requests"] > 0 and row["ready_s"] is not None
+    assert row["auto_prefix_tokens"] % 64 == 0 and row["auto_prefix_tokens"] >= 256
     assert "| default |" in capsys.readouterr().out
 
 
