@@ -26,6 +26,9 @@ SUPPORTED = frozenset({"llama", "qwen2", "mistral"})
 #: Row counts (tokens in one pass) that use prepacked weights, where they are faster: a
 #: verify pass of a few draft tokens. One or two rows stay with the weights as loaded.
 PACKED_ROWS = range(3, 17)
+#: Passes of more rows than :data:`PACKED_ROWS` (a prefill) use the same prepacked weights
+#: where they measure faster for this many rows.
+PACKED_PREFILL_ROWS = 256
 #: Decoder weights larger than this are not packed (the copy would double their memory).
 PACKED_MAX_BYTES = 2 << 30
 #: Which product won, per weight shapes and thread count: measured once per process, so
@@ -132,30 +135,36 @@ class FastDecoder:
             _WEIGHT_MAJOR[key] = _weight_major_is_faster(mlp)
         self._weight_major = self._cpu32 and _WEIGHT_MAJOR[key]
         self._packed: dict[int, torch.Tensor] = {}
+        self._packed_prefill = False  # whether passes past PACKED_ROWS use them too
 
     @torch.no_grad()
     def pack(self, mode: str = "auto") -> bool:
         """Keep oneDNN's blocked layout of each decoder weight for passes of a few tokens
         (:data:`PACKED_ROWS`: verifying a draft): on one 2-vCPU EPYC a pass of 9 tokens took
-        61 ms instead of 91 at 1k context (``scripts/step_cost.py``). A copy of the
-        weights: it costs their size in memory again.
+        61 ms instead of 91 at 1k context (``scripts/step_cost.py``); and for a prefill's
+        passes where that measures faster too (the same CPU: ~200 GFLOP/s against ~150 for
+        256-1,024 rows). A copy of the weights: it costs their size in memory again.
 
         :param mode: ``on`` (CPU float32 weights); ``auto``: also only where it measures at
             least 10% faster and the weights are at most :data:`PACKED_MAX_BYTES`; ``off``.
         :returns: whether the packed weights are in use.
         """
-        self._packed = {}
+        self._packed, self._packed_prefill = {}, False
         weights = [m for L in self.layers for m in _weights(L)]
         if mode == "off" or not self._cpu32 or not _packable():
             return False
         size = sum(m.numel() * m.element_size() for m in weights)
+        mlp = [m for L in self.layers for m in (L.wg, L.wu, L.wd)][:24]
         if mode == "auto":
-            mlp = [m for L in self.layers for m in (L.wg, L.wu, L.wd)][:24]
             if size > PACKED_MAX_BYTES or not _packed_is_faster(mlp, self._linear):
                 return False
         for m in weights:
             self._packed.setdefault(m.data_ptr(), _pack(m))
-        log.info("verify passes of a few tokens use prepacked weights (%d MB)", size >> 20)
+        self._packed_prefill = mode == "on" or _packed_is_faster(
+            mlp[:6], self._linear, (PACKED_PREFILL_ROWS,)
+        )
+        what = "verify passes of a few tokens" + (" and prefills" if self._packed_prefill else "")
+        log.info("%s use prepacked weights (%d MB)", what, size >> 20)
         return True
 
     def _linear(
@@ -174,8 +183,9 @@ class FastDecoder:
         n = rows.shape[0]
         # (a compiled step, specd.compiled, leaves the products to its compiler)
         packed = None
-        if self._packed and not torch.compiler.is_compiling() and n in PACKED_ROWS:
-            packed = self._packed.get(w.data_ptr())
+        if self._packed and not torch.compiler.is_compiling():
+            if n in PACKED_ROWS or (n > PACKED_ROWS[-1] and self._packed_prefill):
+                packed = self._packed.get(w.data_ptr())
         if packed is not None:
             y = torch.ops.mkldnn._linear_pointwise(rows, packed, b, "none", [], "")
             return y.reshape(*lead, w.shape[0])
@@ -335,8 +345,10 @@ def _packable() -> bool:
 
 
 @torch.inference_mode()
-def _packed_is_faster(weights: list[torch.Tensor], linear: Any, repeats: int = 2) -> bool:
-    """Whether oneDNN's prepacked product beats ``linear`` by 10% for 8 and 12 rows over
+def _packed_is_faster(
+    weights: list[torch.Tensor], linear: Any, rows: tuple[int, ...] = (8, 12), repeats: int = 2
+) -> bool:
+    """Whether oneDNN's prepacked product beats ``linear`` by 10% for ``rows`` rows over
     ``weights`` (the faster of ``repeats`` passes each)."""
     packed = {w.data_ptr(): _pack(w) for w in weights}
 
@@ -345,7 +357,7 @@ def _packed_is_faster(weights: list[torch.Tensor], linear: Any, repeats: int = 2
             return torch.ops.mkldnn._linear_pointwise(x, packed[w.data_ptr()], None, "none", [], "")
         return linear(x, w)
 
-    packed_s, plain_s = _timed(weights, (8, 12), product, repeats)
+    packed_s, plain_s = _timed(weights, rows, product, repeats)
     return packed_s < 0.9 * plain_s
 
 

@@ -181,9 +181,9 @@ def test_prefill_dtype_needs_the_lean_forward():
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")
 @pytest.mark.parametrize("fed_len", [1, 2, 3, 8, 16, 17])
 def test_prepacked_weights_compute_what_the_loaded_ones_do(monkeypatch, fed_len):
-    """Passes of 3-16 tokens (a verify pass) run on oneDNN's prepacked copy of the weights
-    (``--packed-weights on``, or ``auto`` where that measured faster); the logits are the
-    loaded weights' to float32 rounding."""
+    """Passes of 3-16 tokens (a verify pass) and of more (a prefill) run on oneDNN's
+    prepacked copy of the weights (``--packed-weights on``, or ``auto`` where that measured
+    faster); the logits are the loaded weights' to float32 rounding."""
     model = tiny_model(VOCAB, num_layers=2, seed=4).float()
     targets = {p: Target(model, CharTokenizer(VOCAB), fast=True) for p in (True, False)}
     assert targets[True].pack_weights("on") and not targets[False].pack_weights("off")
@@ -196,14 +196,35 @@ def test_prepacked_weights_compute_what_the_loaded_ones_do(monkeypatch, fed_len)
         "_linear_pointwise",
         lambda *a, real=torch.ops.mkldnn._linear_pointwise: calls.append(1) or real(*a),
     )
-    prompt, fed = list(range(1, 20)), [(7 * i) % VOCAB for i in range(fed_len)]
+    prompt, fed = list(range(1, 40)), [(7 * i) % VOCAB for i in range(fed_len)]
     outs = []
     for packed in (True, False):
         cache = targets[packed].new_cache(capacity=8)
         targets[packed].prefill(cache, prompt)
+        assert bool(calls) == packed  # a prefill of 39 tokens
+        calls.clear()
         outs.append(targets[packed].forward(cache, fed).logits)
-    assert bool(calls) == (fed_len in fastpath.PACKED_ROWS)
+        assert bool(calls) == (packed and fed_len >= fastpath.PACKED_ROWS[0])
+        calls.clear()
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")
+def test_auto_packs_prefills_only_where_that_measures_faster(monkeypatch):
+    """``auto`` times the prepacked product separately for a prefill's row count: on a CPU
+    where it helps verify passes but not large passes, a prefill keeps the loaded weights."""
+    model = tiny_model(VOCAB, num_layers=2, seed=4).float()
+    for prefill_faster in (True, False):
+        monkeypatch.setattr(
+            fastpath,
+            "_packed_is_faster",
+            lambda w, f, rows=(8, 12), p=prefill_faster: (
+                p or rows != (fastpath.PACKED_PREFILL_ROWS,)
+            ),
+        )
+        target = Target(model, CharTokenizer(VOCAB), fast=True)
+        assert target.pack_weights("auto")
+        assert target.fast._packed_prefill == prefill_faster  # type: ignore[union-attr]
 
 
 def test_decoders_of_one_model_use_the_same_products(monkeypatch):
