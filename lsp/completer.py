@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 #: Text after the cursor copied out whatever the suffix budget: post-processing reads it
 #: so that a completion does not repeat what follows the cursor.
 MIN_AFTER_CHARS = 400
+#: The window's start moves in steps of this many lines at most (see :func:`cursor_at`),
+#: and a typical line of code has about ``LINE_CHARS`` characters.
+ALIGN_LINES, LINE_CHARS = 32, 40
 
 
 def cursor_at(
@@ -47,12 +50,16 @@ def cursor_at(
     :param chars_per_token: the document's measured ratio. The text before the cursor is
         cut (at an aligned line, see :meth:`Document.cursor`) to what fits the prefix
         budget, so the prompt's token budget never has to cut it again: a cut by tokens
-        would move with every keystroke and invalidate the whole cached prompt.
+        would move with every keystroke and invalidate the whole cached prompt. The line
+        steps by at most half the window's lines (32 at most): steps of 32 lines in a
+        window of 25 could leave the prompt nothing but the cursor's own line.
     """
+    before = int(prefix_tokens(settings) * min(chars_per_token, prompting.CHARS_PER_TOKEN))
     return doc.cursor(
         pos,
-        before_chars=int(prefix_tokens(settings) * min(chars_per_token, prompting.CHARS_PER_TOKEN)),
+        before_chars=before,
         after_chars=max(settings.suffix_tokens * prompting.CHARS_PER_TOKEN, MIN_AFTER_CHARS),
+        align_lines=max(4, min(ALIGN_LINES, before // (2 * LINE_CHARS))),
     )
 
 

@@ -24,17 +24,19 @@ NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 
 #: ``prefix-tokens = "auto"``: the prompt's text before the cursor is sized so that a
 #: prompt of which nothing is cached (a file just opened) is read in about this long, as
-#: the daemon measured its prefill at load; within these bounds, and the largest where
-#: nothing was measured (a remote backend, ``specd complete``).
+#: the daemon measured its prefill at load: the largest of these sizes that fits (coarse,
+#: so that the noise of one measurement rarely moves it), the smallest where none does,
+#: and the largest where nothing was measured (a remote backend, ``specd complete``).
 COLD_READ_S = 1.0
-AUTO_PREFIX_TOKENS = (256, 1536)
-_auto_prefix = [AUTO_PREFIX_TOKENS[1]]
+AUTO_PREFIX_SIZES = (256, 384, 512, 768, 1024, 1536)
+AUTO_PREFIX_TOKENS = (AUTO_PREFIX_SIZES[0], AUTO_PREFIX_SIZES[-1])
+_auto_prefix = [AUTO_PREFIX_SIZES[-1]]
 
 
 def measured_prefill(tokens_per_s: float) -> int:
     """Size ``prefix-tokens = "auto"`` from a measured prefill speed. :returns: the size."""
-    low, high = AUTO_PREFIX_TOKENS
-    _auto_prefix[0] = max(low, min(high, int(tokens_per_s * COLD_READ_S) // 64 * 64))
+    fits = [n for n in AUTO_PREFIX_SIZES if n <= tokens_per_s * COLD_READ_S]
+    _auto_prefix[0] = fits[-1] if fits else AUTO_PREFIX_SIZES[0]
     return _auto_prefix[0]
 
 

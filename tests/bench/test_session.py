@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from specd.lsp.config import AUTO_PREFIX_SIZES
 
 from specd.bench import session, session_report
 from specd.bench.session import Ask
@@ -146,7 +147,7 @@ def test_the_session_report_carries_the_contract_fields(tmp_path, capsys):
     ):
         assert key in row
     assert row["requests"] > 0 and row["ready_s"] is not None
-    assert row["auto_prefix_tokens"] % 64 == 0 and row["auto_prefix_tokens"] >= 256
+    assert row["auto_prefix_tokens"] in AUTO_PREFIX_SIZES
     assert "| default |" in capsys.readouterr().out
 
 

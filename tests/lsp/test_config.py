@@ -69,14 +69,16 @@ def restore_auto_prefix():
 
 def test_auto_prefix_is_sized_by_the_measured_prefill(restore_auto_prefix):
     """``prefix-tokens = "auto"`` (the default) follows the prefill speed measured at load,
-    in multiples of 64 within its bounds; a number is taken as given. Guards against a slow
+    in coarse sizes within its bounds; a number is taken as given. Guards against a slow
     machine reading 1,536 tokens before its first suggestion on every file it opens."""
     low, high = config.AUTO_PREFIX_TOKENS
     auto = config.Settings()
     assert auto.prefix_tokens == "auto"
     assert config.prefix_tokens(auto) == high  # nothing measured yet
-    assert config.measured_prefill(600 / config.COLD_READ_S) == 576
-    assert config.prefix_tokens(auto) == 576
+    assert config.measured_prefill(700 / config.COLD_READ_S) == 512
+    assert config.prefix_tokens(auto) == 512
+    assert config.measured_prefill(512 / config.COLD_READ_S) == 512
+    assert config.measured_prefill(511 / config.COLD_READ_S) == 384
     assert config.prefix_tokens(config.Settings(prefix_tokens=100)) == 100
     assert config.measured_prefill(1.0) == low
     assert config.measured_prefill(1e9) == high

@@ -459,20 +459,39 @@ def test_a_warm_up_that_waited_warms_the_prompt_at_the_latest_edit():
 def test_keystrokes_on_a_long_file_keep_the_prompt_start(engine):
     """Guards against a window before the cursor sized in characters that holds more
     tokens than the prefix budget: the budget then cuts the front by tokens, the cut moves
-    as the user types, and every so many keystrokes the whole cached prompt is lost."""
+    as the user types, and every so many keystrokes the whole cached prompt is lost. Typing
+    100 characters on one line pushes the window's start down ~4 lines: with a window of
+    ~35 lines (256 tokens) that start moves at most once, in a step of whole lines."""
     completer = Completer(engine)
     doc = Document("file:///w/a.py", "".join(f"value_{i} = compute({i})\n" for i in range(400)))
     settings = Settings(prefix_tokens=256, context_tokens=0)
     ratio = chars_per_token(doc.text, engine.tokenize)
     previous: list[int] = []
+    moves = 0
     for k in range(100):  # typing a long line
         at = doc.resolve(300, 10**6)
         doc.apply_change("x", at, at)
         cursor = cursor_at(doc, doc.resolve(300, 10**6), settings, ratio)
         ids = completer.build_prompt(CompletionRequest(cursor, "a.py", settings)).ids
         kept = next((i for i, (a, b) in enumerate(zip(previous, ids)) if a != b), len(previous))
-        assert kept >= len(previous) - 2, f"keystroke {k} kept {kept} of {len(previous)} tokens"
+        moves += kept < len(previous) - 2
+        assert moves <= 1, f"keystroke {k} kept {kept} of {len(previous)} tokens"
         previous = ids
+
+
+def test_a_small_window_keeps_at_least_half_of_its_lines_at_every_line(engine):
+    """Guards against the window's start stepping by more lines than the window holds: a
+    small prefix budget (a slow machine's auto size) stepping by 32 lines could leave the
+    prompt only the cursor's own line, and the model wrote without any context."""
+    doc = Document("file:///w/a.py", "".join(f"value_{i} = compute({i})\n" for i in range(400)))
+    settings = Settings(prefix_tokens=256, context_tokens=0)
+    full = cursor_at(doc, doc.resolve(300, 0), Settings(prefix_tokens=256 * 64), 4.0)
+    fits = 256 * 4 // len("value_1 = compute(1)\n")  # about the lines 256 tokens hold
+    assert full.before.count("\n") == 300
+    for line in range(100, 400):
+        cursor = cursor_at(doc, doc.resolve(line, 0), settings, 4.0)
+        held = cursor.before.count("\n")
+        assert fits // 2 - 1 <= held <= fits, f"line {line}: {held} lines before the cursor"
 
 
 def test_a_window_denser_than_its_file_moves_its_start_once_per_quarter_budget(engine):
