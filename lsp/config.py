@@ -29,7 +29,6 @@ NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 #: and the largest where nothing was measured (a remote backend, ``specd complete``).
 COLD_READ_S = 1.0
 AUTO_PREFIX_SIZES = (256, 384, 512, 768, 1024, 1536)
-AUTO_PREFIX_TOKENS = (AUTO_PREFIX_SIZES[0], AUTO_PREFIX_SIZES[-1])
 _auto_prefix = [AUTO_PREFIX_SIZES[-1]]
 
 

@@ -161,7 +161,7 @@ class FastDecoder:
         for m in weights:
             self._packed.setdefault(m.data_ptr(), _pack(m))
         self._packed_prefill = mode == "on" or _packed_is_faster(
-            mlp[:6], self._linear, (PACKED_PREFILL_ROWS,)
+            mlp[:6], self._linear, (PACKED_PREFILL_ROWS,), packed=self._packed
         )
         what = "verify passes of a few tokens" + (" and prefills" if self._packed_prefill else "")
         log.info("%s use prepacked weights (%d MB)", what, size >> 20)
@@ -346,18 +346,19 @@ def _packable() -> bool:
 
 @torch.inference_mode()
 def _packed_is_faster(
-    weights: list[torch.Tensor], linear: Any, rows: tuple[int, ...] = (8, 12), repeats: int = 2
+    weights: list[torch.Tensor], linear: Any, rows: tuple[int, ...] = (8, 12), packed: Any = None
 ) -> bool:
     """Whether oneDNN's prepacked product beats ``linear`` by 10% for ``rows`` rows over
-    ``weights`` (the faster of ``repeats`` passes each)."""
-    packed = {w.data_ptr(): _pack(w) for w in weights}
+    ``weights`` (the faster of two passes each; ``packed``: their packed copies by data
+    pointer, where they exist already)."""
+    packed = packed or {w.data_ptr(): _pack(w) for w in weights}
 
     def product(use: bool, x: torch.Tensor, w: torch.Tensor) -> Any:
         if use:
             return torch.ops.mkldnn._linear_pointwise(x, packed[w.data_ptr()], None, "none", [], "")
         return linear(x, w)
 
-    packed_s, plain_s = _timed(weights, rows, product, repeats)
+    packed_s, plain_s = _timed(weights, rows, product, 2)
     return packed_s < 0.9 * plain_s
 
 

@@ -188,7 +188,7 @@ def test_prepacked_weights_compute_what_the_loaded_ones_do(monkeypatch, fed_len)
     targets = {p: Target(model, CharTokenizer(VOCAB), fast=True) for p in (True, False)}
     assert targets[True].pack_weights("on") and not targets[False].pack_weights("off")
     for faster in (True, False):
-        monkeypatch.setattr(fastpath, "_packed_is_faster", lambda *a, faster=faster: faster)
+        monkeypatch.setattr(fastpath, "_packed_is_faster", lambda *a, faster=faster, **_: faster)
         assert Target(model, CharTokenizer(VOCAB)).pack_weights("auto") == faster
     calls = []
     monkeypatch.setattr(
@@ -218,7 +218,7 @@ def test_auto_packs_prefills_only_where_that_measures_faster(monkeypatch):
         monkeypatch.setattr(
             fastpath,
             "_packed_is_faster",
-            lambda w, f, rows=(8, 12), p=prefill_faster: (
+            lambda w, f, rows=(8, 12), p=prefill_faster, **_: (
                 p or rows != (fastpath.PACKED_PREFILL_ROWS,)
             ),
         )

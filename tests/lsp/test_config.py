@@ -71,7 +71,7 @@ def test_auto_prefix_is_sized_by_the_measured_prefill(restore_auto_prefix):
     """``prefix-tokens = "auto"`` (the default) follows the prefill speed measured at load,
     in coarse sizes within its bounds; a number is taken as given. Guards against a slow
     machine reading 1,536 tokens before its first suggestion on every file it opens."""
-    low, high = config.AUTO_PREFIX_TOKENS
+    low, high = config.AUTO_PREFIX_SIZES[0], config.AUTO_PREFIX_SIZES[-1]
     auto = config.Settings()
     assert auto.prefix_tokens == "auto"
     assert config.prefix_tokens(auto) == high  # nothing measured yet
@@ -95,6 +95,6 @@ def test_the_daemon_measures_its_prefill_at_load(restore_auto_prefix):
     config._auto_prefix[0] = -1
     engine = Engine(tiny_target(96, seed=0), drafter="none")
     serve.warm_up(engine)
-    low, high = config.AUTO_PREFIX_TOKENS
+    low, high = config.AUTO_PREFIX_SIZES[0], config.AUTO_PREFIX_SIZES[-1]
     assert low <= config.prefix_tokens(config.Settings()) <= high
     assert len(engine.prefix_cache) == 0  # the probe's tokens are not kept
