@@ -6,18 +6,23 @@ float32, rotary embeddings from the model's own rotary module, grouped-query SDP
 MLP) directly on the model's weight tensors and on the engine's KV cache, with a handful
 of tensor operations per layer. It is used for the architectures listed in
 ``SUPPORTED``; every other model runs through its own ``forward``.
+
+Each layer's query, key and value projections run as one product over their weights
+stacked by rows, and so do the MLP's gate and up projections: fewer, larger products and
+fewer operations dispatched from Python. The model's own projections become views of the
+stacked weights, so memory holds them once.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from . import products
 from .kvcache import KVCache
 
 log = logging.getLogger(__name__)
@@ -25,7 +30,7 @@ log = logging.getLogger(__name__)
 SUPPORTED = frozenset({"llama", "qwen2", "mistral"})
 #: Row counts (tokens in one pass) that use prepacked weights, where they are faster: a
 #: verify pass of a few draft tokens. One or two rows stay with the weights as loaded.
-PACKED_ROWS = range(3, 17)
+PACKED_ROWS = range(3, products.PACK_ROWS + 1)
 #: Passes of more rows than :data:`PACKED_ROWS` (a prefill) use the same prepacked weights
 #: where they measure faster for this many rows.
 PACKED_PREFILL_ROWS = 256
@@ -40,16 +45,11 @@ _WEIGHT_MAJOR: dict[tuple[Any, ...], bool] = {}
 class _Layer:
     ln1: torch.Tensor
     ln2: torch.Tensor
-    wq: torch.Tensor
-    bq: torch.Tensor | None
-    wk: torch.Tensor
-    bk: torch.Tensor | None
-    wv: torch.Tensor
-    bv: torch.Tensor | None
+    wqkv: torch.Tensor  # [heads*D + 2*kv*D, H]: query, key and value weights stacked
+    bqkv: torch.Tensor | None
     wo: torch.Tensor
     bo: torch.Tensor | None
-    wg: torch.Tensor
-    wu: torch.Tensor
+    wgu: torch.Tensor  # [2*I, H]: gate and up weights stacked
     wd: torch.Tensor
 
 
@@ -103,36 +103,44 @@ class FastDecoder:
         self.n_heads = int(cfg.num_attention_heads)
         self.n_kv = int(getattr(cfg, "num_key_value_heads", None) or self.n_heads)
         self.scaling = float(first.scaling)
-        # Without a dtype, the model's own parameters are used as they are (no copies:
-        # weights loaded from safetensors stay memory-mapped, and resident memory holds
-        # them once).
+
+        # Without a dtype, the model's own parameters are used (the stacked ones as views:
+        # resident memory holds the weights once).
+        def stacked(*linears: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+            weights = [w(lin.weight) for lin in linears]
+            own = all(x is lin.weight for x, lin in zip(weights, linears, strict=True))
+            joined = _stack(weights, list(linears) if own else None)
+            if all(lin.bias is None for lin in linears):
+                return joined, None
+            biases = [
+                w(lin.bias) if lin.bias is not None else x.new_zeros(x.shape[0])
+                for x, lin in zip(weights, linears, strict=True)
+            ]
+            return joined, torch.cat(biases)
+
         self.layers = []
         for block in decoder.layers:
             a, m = block.self_attn, block.mlp
+            wqkv, bqkv = stacked(a.q_proj, a.k_proj, a.v_proj)
             self.layers.append(
                 _Layer(
                     ln1=w(block.input_layernorm.weight),
                     ln2=w(block.post_attention_layernorm.weight),
-                    wq=w(a.q_proj.weight),
-                    bq=w(a.q_proj.bias),
-                    wk=w(a.k_proj.weight),
-                    bk=w(a.k_proj.bias),
-                    wv=w(a.v_proj.weight),
-                    bv=w(a.v_proj.bias),
+                    wqkv=wqkv,
+                    bqkv=bqkv,
                     wo=w(a.o_proj.weight),
                     bo=w(a.o_proj.bias),
-                    wg=w(m.gate_proj.weight),
-                    wu=w(m.up_proj.weight),
+                    wgu=stacked(m.gate_proj, m.up_proj)[0],
                     wd=w(m.down_proj.weight),
                 )
             )
         # Which matrix product streams weights fastest depends on the CPU, its threads and
         # the dtype: measured here, once.
         self._cpu32 = self.embed.device.type == "cpu" and self.embed.dtype == torch.float32
-        mlp = [m for L in self.layers for m in (L.wg, L.wu, L.wd)]
+        mlp = [m for L in self.layers for m in (L.wgu, L.wd)]
         key = (tuple(tuple(m.shape) for m in mlp), torch.get_num_threads())
         if self._cpu32 and key not in _WEIGHT_MAJOR:
-            _WEIGHT_MAJOR[key] = _weight_major_is_faster(mlp)
+            _WEIGHT_MAJOR[key] = products.weight_major_is_faster(mlp)
         self._weight_major = self._cpu32 and _WEIGHT_MAJOR[key]
         self._packed: dict[int, torch.Tensor] = {}
         self._packed_prefill = False  # whether passes past PACKED_ROWS use them too
@@ -150,18 +158,18 @@ class FastDecoder:
         :returns: whether the packed weights are in use.
         """
         self._packed, self._packed_prefill = {}, False
-        weights = [m for L in self.layers for m in _weights(L)]
-        if mode == "off" or not self._cpu32 or not _packable():
+        weights = [m for L in self.layers for m in (L.wqkv, L.wo, L.wgu, L.wd)]
+        if mode == "off" or not self._cpu32 or not products.packable():
             return False
         size = sum(m.numel() * m.element_size() for m in weights)
-        mlp = [m for L in self.layers for m in (L.wg, L.wu, L.wd)][:24]
+        mlp = [m for L in self.layers for m in (L.wgu, L.wd)][:16]
         if mode == "auto":
-            if size > PACKED_MAX_BYTES or not _packed_is_faster(mlp, self._linear):
+            if size > PACKED_MAX_BYTES or not products.packed_is_faster(mlp, self._linear):
                 return False
         for m in weights:
-            self._packed.setdefault(m.data_ptr(), _pack(m))
-        self._packed_prefill = mode == "on" or _packed_is_faster(
-            mlp[:6], self._linear, (PACKED_PREFILL_ROWS,), packed=self._packed
+            self._packed.setdefault(m.data_ptr(), products.pack(m))
+        self._packed_prefill = mode == "on" or products.packed_is_faster(
+            mlp[:4], self._linear, (PACKED_PREFILL_ROWS,), packed=self._packed
         )
         what = "verify passes of a few tokens" + (" and prefills" if self._packed_prefill else "")
         log.info("%s use prepacked weights (%d MB)", what, size >> 20)
@@ -187,8 +195,7 @@ class FastDecoder:
             if n in PACKED_ROWS or (n > PACKED_ROWS[-1] and self._packed_prefill):
                 packed = self._packed.get(w.data_ptr())
         if packed is not None:
-            y = torch.ops.mkldnn._linear_pointwise(rows, packed, b, "none", [], "")
-            return y.reshape(*lead, w.shape[0])
+            return products.packed_linear(rows, packed, b).reshape(*lead, w.shape[0])
         if not self._weight_major or n > 16:
             return F.linear(x, w, b)
         if n == 1:
@@ -268,17 +275,16 @@ class FastDecoder:
         self, L: _Layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries ``[1, heads, T, D]``, keys and values ``[1, KV, T, D]`` of ``h`` ``[1, T, H]``,
-        rotated by ``cos``/``sin`` ``[1, 1, T, D]``."""
-        t = h.shape[1]
-        half = self.head_dim // 2
+        rotated by the :meth:`rotary_tables` ``cos``/``sin`` ``[1, 1, T, D]``."""
+        t, rotated = h.shape[1], self.n_heads + self.n_kv
         x = self._rms(h, L.ln1)
-        q = self._linear(x, L.wq, L.bq).view(1, t, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self._linear(x, L.wk, L.bk).view(1, t, self.n_kv, self.head_dim).transpose(1, 2)
-        v = self._linear(x, L.wv, L.bv).view(1, t, self.n_kv, self.head_dim).transpose(1, 2)
-        # rotary: x * cos + rotate_half(x) * sin
-        q = q * cos + torch.cat((-q[..., half:], q[..., :half]), dim=-1) * sin
-        k = k * cos + torch.cat((-k[..., half:], k[..., :half]), dim=-1) * sin
-        return q, k, v
+        qkv = self._linear(x, L.wqkv, L.bqkv).view(1, t, rotated + self.n_kv, self.head_dim)
+        qkv = qkv.transpose(1, 2)  # [1, heads + 2 * KV, T, D]
+        # rotary, queries and keys at once: x * cos + rotate_half(x) * sin, where
+        # rotate_half(x) = cat(-x2, x1) is the halves swapped, their sign in ``sin``
+        qk = qkv[:, :rotated]
+        qk = qk * cos + qk.roll(self.head_dim // 2, -1) * sin
+        return qk[:, : self.n_heads], qk[:, self.n_heads :], qkv[:, rotated:]
 
     def pack_mask(self, mask: torch.Tensor) -> torch.Tensor:
         """A mask ``[1, 1, T, S]`` for :meth:`attend`'s packed rows: ``[1, 1, R*T, S]``."""
@@ -312,12 +318,16 @@ class FastDecoder:
         t = h.shape[1]
         o = o.transpose(1, 2).reshape(1, t, self.n_heads * self.head_dim)
         h = h + self._linear(o, L.wo, L.bo)
-        x = self._rms(h, L.ln2)
-        return h + self._linear(F.silu(self._linear(x, L.wg)) * self._linear(x, L.wu), L.wd)
+        gate_up = self._linear(self._rms(h, L.ln2), L.wgu)
+        inner = L.wd.shape[1]
+        return h + self._linear(F.silu(gate_up[..., :inner]) * gate_up[..., inner:], L.wd)
 
     def rotary_tables(self, h: torch.Tensor, position_ids: torch.Tensor):
-        """cos and sin ``[1, 1, T, D]`` for ``position_ids`` ``[1, T]``."""
+        """cos and sin ``[1, 1, T, D]`` for ``position_ids`` ``[1, T]``, the first half of
+        sin negated (:meth:`qkv` rotates by swapping halves)."""
         cos, sin = self.rotary(h, position_ids)  # [1, T, D]
+        half = self.head_dim // 2
+        sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
         return cos.unsqueeze(1), sin.unsqueeze(1)
 
     def _lm_head(self, x: torch.Tensor) -> torch.Tensor:
@@ -325,75 +335,30 @@ class FastDecoder:
         return self._linear(x, self.lm_head, self.lm_head_bias)
 
 
-def _weights(L: _Layer) -> tuple[torch.Tensor, ...]:
-    return (L.wq, L.wk, L.wv, L.wo, L.wg, L.wu, L.wd)
-
-
-def _pack(w: torch.Tensor) -> torch.Tensor:
-    return torch.ops.mkldnn._reorder_linear_weight(w, max(PACKED_ROWS))
-
-
-def _packable() -> bool:
-    """Whether this torch build has oneDNN's prepacked linear."""
-    if not torch.backends.mkldnn.is_available():
-        return False
-    try:
-        _pack(torch.zeros(8, 8))
-    except (RuntimeError, AttributeError):
-        return False
-    return True
-
-
-@torch.inference_mode()
-def _packed_is_faster(
-    weights: list[torch.Tensor], linear: Any, rows: tuple[int, ...] = (8, 12), packed: Any = None
-) -> bool:
-    """Whether oneDNN's prepacked product beats ``linear`` by 10% for ``rows`` rows over
-    ``weights`` (the faster of two passes each; ``packed``: their packed copies by data
-    pointer, where they exist already)."""
-    packed = packed or {w.data_ptr(): _pack(w) for w in weights}
-
-    def product(use: bool, x: torch.Tensor, w: torch.Tensor) -> Any:
-        if use:
-            return torch.ops.mkldnn._linear_pointwise(x, packed[w.data_ptr()], None, "none", [], "")
-        return linear(x, w)
-
-    packed_s, plain_s = _timed(weights, rows, product, 2)
-    return packed_s < 0.9 * plain_s
-
-
-@torch.inference_mode()
-def _weight_major_is_faster(weights: list[torch.Tensor], repeats: int = 2) -> bool:
-    """Whether ``(w @ x.T).T`` beats ``F.linear(x, w)`` for one row (padded to two) and
-    four rows of ``x``, over ``weights`` (more bytes than the caches hold, so the weights
-    stream from memory as in a step).
-
-    On one machine (an AMD EPYC, two threads) ``F.linear`` with a few rows streamed the
-    weights at a third of the speed of ``w @ x.T``; on another (an Intel Xeon, one thread)
-    it was the other way round, by 2x. The faster of ``repeats`` passes of each decides.
-    """
-
-    def product(major: bool, x: torch.Tensor, w: torch.Tensor) -> Any:
-        return w @ (torch.cat([x, x]) if len(x) == 1 else x).T if major else F.linear(x, w)
-
-    major_s, linear_s = _timed(weights, (1, 4), product, repeats)
-    return major_s < linear_s
-
-
-def _timed(
-    weights: list[torch.Tensor], rows: tuple[int, ...], product: Any, repeats: int
-) -> tuple[float, float]:
-    """Seconds of ``product(True, x, w)`` and of ``product(False, x, w)`` over every weight,
-    summed over the row counts, each the fastest of ``repeats`` passes."""
-    total = {True: 0.0, False: 0.0}
-    for n in rows:
-        xs = {k: torch.randn(n, k, dtype=weights[0].dtype) for k in {w.shape[1] for w in weights}}
-        for which in (True, False):
-            best = float("inf")
-            for _ in range(repeats):
-                t = time.perf_counter()
-                for w in weights:
-                    product(which, xs[w.shape[1]], w)
-                best = min(best, time.perf_counter() - t)
-            total[which] += best
-    return total[True], total[False]
+def _stack(weights: list[torch.Tensor], owners: list[Any] | None) -> torch.Tensor:
+    """``weights`` ``[N_i, K]`` stacked by rows, ``[sum N_i, K]``: a view where they already
+    lie back to back in one storage (a decoder built earlier over the same model stacked
+    them), else a copy, which the ``owners`` modules' weights then become views of."""
+    first = weights[0]
+    rows = sum(w.shape[0] for w in weights)
+    at = first.data_ptr()
+    same_storage = all(
+        w.is_contiguous()
+        and w.dtype == first.dtype
+        and w.shape[1:] == first.shape[1:]
+        and w.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+        for w in weights
+    )
+    if same_storage:
+        for w in weights:
+            same_storage = same_storage and w.data_ptr() == at
+            at += w.numel() * w.element_size()
+        if same_storage:
+            return first.as_strided((rows, first.shape[1]), (first.shape[1], 1))
+    joined = torch.cat(weights)
+    if owners is not None:
+        start = 0
+        for lin, w in zip(owners, weights, strict=True):
+            lin.weight.data = joined[start : start + w.shape[0]]
+            start += w.shape[0]
+    return joined

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specd import fastpath
+from specd import fastpath, products
 from specd.target import Target
 from specd.tiny import CharTokenizer, tiny_model
 
@@ -188,7 +188,7 @@ def test_prepacked_weights_compute_what_the_loaded_ones_do(monkeypatch, fed_len)
     targets = {p: Target(model, CharTokenizer(VOCAB), fast=True) for p in (True, False)}
     assert targets[True].pack_weights("on") and not targets[False].pack_weights("off")
     for faster in (True, False):
-        monkeypatch.setattr(fastpath, "_packed_is_faster", lambda *a, faster=faster, **_: faster)
+        monkeypatch.setattr(products, "packed_is_faster", lambda *a, faster=faster, **_: faster)
         assert Target(model, CharTokenizer(VOCAB)).pack_weights("auto") == faster
     calls = []
     monkeypatch.setattr(
@@ -216,8 +216,8 @@ def test_auto_packs_prefills_only_where_that_measures_faster(monkeypatch):
     model = tiny_model(VOCAB, num_layers=2, seed=4).float()
     for prefill_faster in (True, False):
         monkeypatch.setattr(
-            fastpath,
-            "_packed_is_faster",
+            products,
+            "packed_is_faster",
             lambda w, f, rows=(8, 12), p=prefill_faster, **_: (
                 p or rows != (fastpath.PACKED_PREFILL_ROWS,)
             ),
@@ -232,7 +232,7 @@ def test_decoders_of_one_model_use_the_same_products(monkeypatch):
     targets over the same weights could pick different ones and round differently."""
     answers = iter([True, False, True, False])
     monkeypatch.setattr(fastpath, "_WEIGHT_MAJOR", {})
-    monkeypatch.setattr(fastpath, "_weight_major_is_faster", lambda w: next(answers))
+    monkeypatch.setattr(products, "weight_major_is_faster", lambda w: next(answers))
     model = tiny_model(VOCAB, num_layers=2, seed=5, dtype=torch.float32)
     picks = {Target(model, CharTokenizer(VOCAB)).fast._weight_major for _ in range(3)}
     assert picks == {True}
@@ -274,3 +274,26 @@ def test_prefill_passes_start_with_one_long_pass_into_an_empty_cache():
         (PREFILL_CHUNK, PREFILL_CHUNK + 1),
     ]
     assert prefill_pieces(0, 0) == []
+
+
+@pytest.mark.parametrize("arch", sorted(MODELS))
+def test_stacked_projections_leave_the_model_as_it_was(arch):
+    """Each layer's q/k/v (and gate/up) weights run as one product over their stacked rows;
+    the model's own projections become views of the stacked weights, so memory holds them
+    once. Guards against the model's weights changing (its own forward, a save), against
+    a second decoder copying them again, and against a bias (qwen2) left out."""
+    model = {"llama": lambda: tiny_model(VOCAB, num_layers=2, seed=6), "qwen2": qwen2_model}[arch]()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    expected = model(ids).logits
+    first, second = (Target(model, CharTokenizer(VOCAB), fast=True).fast for _ in range(2))
+    assert first is not None and second is not None
+    attn = model.model.layers[0].self_attn
+    stacked = first.layers[0].wqkv
+    assert attn.q_proj.weight.data_ptr() == stacked.data_ptr()
+    assert attn.v_proj.weight.untyped_storage().data_ptr() == stacked.untyped_storage().data_ptr()
+    assert second.layers[0].wqkv.data_ptr() == stacked.data_ptr()  # no second copy
+    assert (first.layers[0].bqkv is not None) == (attn.q_proj.bias is not None)
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    torch.testing.assert_close(model(ids).logits, expected, rtol=0, atol=0)
