@@ -267,7 +267,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     pl = report.get("pipeline") or {}
     if pl:
         print(
-            f"suggestions       {pl['from_cache']} from cache ({pl['cache_waits']} after a wait), {pl['first_line_answers']} at the first line, {pl['prefetches']} prefetched, {pl['warmups']} warm-ups ({pl['warmed_tokens']} tokens), {pl['debounced']} debounced, {pl['cold_prompts']} from a short prompt while cold"
+            f"suggestions       {pl['from_cache']} from cache ({pl['cache_waits']} after a wait), {pl['first_line_answers']} at the first line, {pl['prefetches']} prefetched, {pl['warmups']} warm-ups ({pl['warmed_tokens']} tokens, {pl['read_ahead']} read ahead), {pl['debounced']} debounced, {pl['cold_prompts']} from a short prompt while cold"
         )
     return EXIT_OK
 

@@ -44,6 +44,8 @@ def cursor_at(
     pos: Position,
     settings: Settings,
     chars_per_token: float = prompting.CHARS_PER_TOKEN,
+    *,
+    ahead_chars: int = 0,
 ) -> Cursor:
     """The text around ``pos`` that a completion with these settings may use.
 
@@ -53,6 +55,9 @@ def cursor_at(
         would move with every keystroke and invalidate the whole cached prompt. The line
         steps by at most half the window's lines (32 at most): steps of 32 lines in a
         window of 25 could leave the prompt nothing but the cursor's own line.
+    :param ahead_chars: where fewer than this many more characters typed before the cursor
+        would move the window's start down, the window after that step (what a warm-up
+        reads ahead of time, so the request after the step finds its prompt cached).
     """
     before = int(prefix_tokens(settings) * min(chars_per_token, prompting.CHARS_PER_TOKEN))
     return doc.cursor(
@@ -60,6 +65,7 @@ def cursor_at(
         before_chars=before,
         after_chars=max(settings.suffix_tokens * prompting.CHARS_PER_TOKEN, MIN_AFTER_CHARS),
         align_lines=max(4, min(ALIGN_LINES, before // (2 * LINE_CHARS))),
+        ahead_chars=ahead_chars,
     )
 
 

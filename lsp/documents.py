@@ -196,7 +196,13 @@ class Document:
         self._lines = lines[:lo] + new + lines[hi:]
 
     def cursor(
-        self, pos: Position, *, before_chars: int, after_chars: int, align_lines: int = 32
+        self,
+        pos: Position,
+        *,
+        before_chars: int,
+        after_chars: int,
+        align_lines: int = 32,
+        ahead_chars: int = 0,
     ) -> Cursor:
         """Copy out the text around ``pos``.
 
@@ -205,6 +211,9 @@ class Document:
         :param align_lines: when the text before must be cut, cut at a line whose index is
             a multiple of this, so the window's start (and the prompt's first tokens, which
             the prefix cache reuses) stays put while the user types.
+        :param ahead_chars: when fewer than this many more characters before the cursor
+            would move the window's start, the window it moves to (``align_lines`` further
+            down) instead: what a warm-up reads before the request that needs it.
         """
         lines = self._lines
         cur = strip_eol(lines[pos.line])
@@ -223,6 +232,12 @@ class Document:
             while first < aligned and first < pos.line:
                 parts.pop()
                 first += 1
+        if ahead_chars and align_lines > 1 and before_chars - sum(map(len, parts)) < ahead_chars:
+            step = min(first + align_lines, pos.line)  # the next start, once typing moves it
+            while first < step:
+                parts.pop()
+                first += 1
+            truncated = first > 0
         parts.reverse()
         before = "".join(parts)
         if len(before) > before_chars:  # the cursor's own line is longer than the window

@@ -50,6 +50,7 @@ class Metrics:
         self.prefetches = 0  # completions generated after the user typed one through
         self.warmups = 0  # prompts prefilled before they were asked for
         self.warmed_tokens = 0  # tokens those warm-ups computed
+        self.read_ahead = 0  # warm-ups that also read the window after its next move down
         self.background_stopped = 0  # background jobs stopped by a request or an edit
         self._histogram: list[int] = []  # [k]: target steps that produced k + 1 tokens
         self._ttft: deque[float] = deque(maxlen=window)
@@ -144,6 +145,7 @@ class Metrics:
                     "prefetches": self.prefetches,
                     "warmups": self.warmups,
                     "warmed_tokens": self.warmed_tokens,
+                    "read_ahead": self.read_ahead,
                     "background_stopped": self.background_stopped,
                 },
                 "prefix_cache": {

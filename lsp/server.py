@@ -34,7 +34,7 @@ from .prompting import display_path
 from .rpc import SpecdProtocol
 from .scheduler import Job
 from .service import Service
-from .warmup import Background, cursor_after
+from .warmup import AHEAD_CHARS, Background, cursor_after
 from .workspace import WorkspaceIndex
 
 log = logging.getLogger(__name__)
@@ -75,6 +75,7 @@ class SpecdServer(Answers, LanguageServer):
             key=self._key(""),
             request_at=self.request_at,
             version_of=lambda uri: getattr(self.documents.get(uri), "version", None),
+            request_ahead=lambda uri, pos: self.request_at(uri, pos, AHEAD_CHARS),
         )
         for method, options, handler in FEATURES:
             self.feature(method, options)(handler)
@@ -191,8 +192,12 @@ class SpecdServer(Answers, LanguageServer):
             )
         return request
 
-    def request_at(self, uri: str, pos: Position | None) -> CompletionRequest | None:
-        """A completion request at a resolved position (None: the end of the document)."""
+    def request_at(
+        self, uri: str, pos: Position | None, ahead_chars: int = 0
+    ) -> CompletionRequest | None:
+        """A completion request at a resolved position (None: the end of the document);
+        ``ahead_chars``: its window once that many more characters are typed
+        (:func:`cursor_at`)."""
         doc = self.documents.get(uri)
         if doc is None:
             return None
@@ -206,7 +211,7 @@ class SpecdServer(Answers, LanguageServer):
             else:
                 ratio = chars_per_token(doc.head(20_000), self.service.tokenize)
                 self._chars_per_token[uri] = ratio
-        cursor = cursor_at(doc, pos, s, ratio)
+        cursor = cursor_at(doc, pos, s, ratio, ahead_chars=ahead_chars)
         others = sorted(self.documents.others(uri), key=lambda d: d.language_id != doc.language_id)
         return CompletionRequest(
             cursor,

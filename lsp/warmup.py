@@ -4,7 +4,9 @@ the debounce (docs/editors.md, "How suggestions are produced").
 - **Warm-up**: when a document opens, when an edit lands far from the last one, and while
   the user types (at most once per pause interval of their rhythm), the prompt the next
   request will need is prefilled in the background (``Completer.warm``), so the request
-  computes only the few tokens typed since.
+  computes only the few tokens typed since. When the prompt's window is about to move
+  down (its start steps by whole lines once the text before the cursor outgrows it), the
+  window after the move is read too, so the request after it does not read it all anew.
 - **Completion cache**: a request whose typed text follows what the model already wrote is
   answered from it (:mod:`.cache`), waiting if needed for the generation still writing it.
 - **Prefetch**: once the user has typed a cached suggestion through, the completion at the
@@ -19,6 +21,7 @@ background jobs, which any request preempts.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -33,6 +36,9 @@ from .scheduler import Job, Worker
 
 #: an edit this many lines from the last warmed position is warmed at once
 FAR_LINES = 24
+#: a warm-up also reads the window the prompt will have once this many more characters
+#: are typed, where that window starts further down (about three lines of code)
+AHEAD_CHARS = 120
 #: how often a request waiting for a running generation looks at it again
 POLL_S = 0.01
 
@@ -44,6 +50,8 @@ class Background:
         the document); None when the document is not open.
     :param version_of: the current version of a document (None when closed).
     :param key: the session's job-key prefix.
+    :param request_ahead: builds the request at a position with the window it will have
+        once :data:`AHEAD_CHARS` more characters are typed (None: no read-ahead).
     """
 
     def __init__(
@@ -55,6 +63,7 @@ class Background:
         key: str,
         request_at: Callable[[str, Position | None], CompletionRequest | None],
         version_of: Callable[[str], int | None],
+        request_ahead: Callable[[str, Position], CompletionRequest | None] | None = None,
     ) -> None:
         self.worker = worker
         self.completer = completer
@@ -62,6 +71,7 @@ class Background:
         self.key = key
         self.request_at = request_at
         self.version_of = version_of
+        self.request_ahead = request_ahead
         self.cache = CompletionCache()
         self.rhythm = Rhythm()
         self._timers: dict[str, asyncio.TimerHandle] = {}
@@ -193,11 +203,7 @@ class Background:
         def run(job: Job) -> tuple[int, int]:
             # The prompt is built when the job runs, at the cursor of the latest edit: the
             # user may have typed on while the worker was busy.
-            req = self.request_at(uri, self._cursor.get(uri))
-            if req is None:
-                return 0, 0
-            req.cancel = job.cancel_event
-            return self.completer.warm(req)
+            return self.warm_now(uri, self._cursor.get(uri), job.cancel_event)
 
         job = Job(
             key=f"{self.key}warm:{uri}",
@@ -206,6 +212,26 @@ class Background:
             background=True,
         )
         self.worker.submit(job)
+
+    def warm_now(self, uri: str, at: Position | None, cancel: threading.Event) -> tuple[int, int]:
+        """Prefill the prompt of a request at ``at`` (None: the document's end) and, with
+        ``read-ahead``, the window that prompt steps to next when the step is near.
+
+        :returns: (tokens already cached, tokens computed now), both prompts together."""
+        req = self.request_at(uri, at)
+        if req is None:
+            return 0, 0
+        req.cancel = cancel
+        cached, computed = self.completer.warm(req)
+        ahead = None
+        if self.request_ahead is not None and at is not None and req.settings.read_ahead:
+            ahead = self.request_ahead(uri, at)
+        if ahead is None or ahead.cursor.before == req.cursor.before or cancel.is_set():
+            return cached, computed
+        ahead.cancel = cancel
+        more = self.completer.warm(ahead)
+        self.metrics.count("read_ahead", int(more[1] > 0))
+        return cached + more[0], computed + more[1]
 
     def _done(
         self, counter: str, req: CompletionRequest | None = None

@@ -56,6 +56,8 @@ CONFIGS = (
     ),
     # without the prepacked weights for verify passes (the daemon's default is auto)
     SessionConfig("no-packed-weights", args=("--packed-weights", "off")),
+    # warm-ups read only the window at the cursor, not the one it steps to next
+    SessionConfig("no-read-ahead", {"read-ahead": False}),
     # the prompt's text before the cursor at its largest auto size, whatever the machine
     SessionConfig("prefix-1536", {"prefix-tokens": 1536}),
 )

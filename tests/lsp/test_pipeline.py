@@ -33,7 +33,7 @@ from specd.lsp.metrics import Metrics
 from specd.lsp.scheduler import Job, Worker
 from specd.lsp.server import SpecdServer
 from specd.lsp.service import Service
-from specd.lsp.warmup import Background
+from specd.lsp.warmup import AHEAD_CHARS, Background
 
 from specd import Completion, Delta, Engine, Generation, SamplingParams, Stats
 from specd.target import PREFILL_CHUNK
@@ -451,6 +451,56 @@ def test_a_warm_up_that_waited_warms_the_prompt_at_the_latest_edit():
 
     asyncio.run(session())
     assert warmed == [6]
+
+
+@pytest.mark.parametrize("read_ahead", [True, False])
+def test_typing_down_a_file_finds_each_moved_window_read_ahead(engine, read_ahead):
+    """Guards against every step of the window's start down the file costing a request
+    the whole prompt: the warm-up at a pause in the line before reads the window the
+    prompt steps to next, and the request after the step reuses all of it but the text
+    typed since. Without the read-ahead that request reads its whole prompt."""
+    lines = [f"value_{i} = compute({i})\n" for i in range(400)]
+    doc = Document("file:///w/a.py", "".join(lines[:200] + lines[260:]))
+    settings = Settings(prefix_tokens=256, context_tokens=0, read_ahead=read_ahead)
+    completer = Completer(engine)
+    ratio = chars_per_token(doc.text, engine.tokenize)
+
+    def request_at(uri: str, pos: Position | None, ahead: int = 0) -> CompletionRequest:
+        assert pos is not None
+        cursor = cursor_at(doc, pos, settings, ratio, ahead_chars=ahead)
+        return CompletionRequest(cursor, "a.py", settings, uri=uri)
+
+    metrics = Metrics()
+    bg = Background(
+        None,  # type: ignore[arg-type]  # warm_now runs here, not on a worker
+        completer,
+        metrics,
+        key="1:",
+        request_at=request_at,
+        version_of=lambda uri: 1,
+        request_ahead=lambda uri, pos: request_at(uri, pos, AHEAD_CHARS),
+    )
+    engine.prefix_cache.clear()
+    missing, moves, previous = [], 0, None
+    for line in range(200, 260):  # the block typed back, half a line at a time
+        text = lines[line]
+        at = doc.resolve(line, 0)
+        doc.apply_change(text[:10], at, at)
+        bg.warm_now(doc.uri, doc.resolve(line, 10), threading.Event())  # a pause mid-line
+        at = doc.resolve(line, 10)
+        doc.apply_change(text[10:], at, at)
+        req = request_at(doc.uri, doc.resolve(line + 1, 0))  # a request at the new line
+        ids = completer.build_prompt(req).ids
+        missing.append(len(ids) - engine.cached_tokens(ids))
+        moves += previous is not None and ids[:8] != previous[:8]
+        previous = ids
+        engine.warm(ids, request=True)  # the request reads the rest itself
+    assert moves >= 2  # the start stepped down the file while the block was typed
+    if read_ahead:
+        assert max(missing) <= len(lines[0]) + 8, missing  # at most the line typed since
+        assert metrics.read_ahead >= moves
+    else:
+        assert max(missing) > 100 and metrics.read_ahead == 0  # the whole prompt
 
 
 # -- the prompt's layout --------------------------------------------------------------------------
