@@ -282,8 +282,12 @@ class FastDecoder:
         qkv = qkv.transpose(1, 2)  # [1, heads + 2 * KV, T, D]
         # rotary, queries and keys at once: x * cos + rotate_half(x) * sin, where
         # rotate_half(x) = cat(-x2, x1) is the halves swapped, their sign in ``sin``
-        qk = qkv[:, :rotated]
-        qk = qk * cos + qk.roll(self.head_dim // 2, -1) * sin
+        qk, half = qkv[:, :rotated], self.head_dim // 2
+        if torch.compiler.is_compiling():  # the same values; a roll compiles far slower
+            swapped = torch.cat((qk[..., half:], qk[..., :half]), dim=-1)
+        else:
+            swapped = qk.roll(half, -1)
+        qk = qk * cos + swapped * sin
         return qk[:, : self.n_heads], qk[:, self.n_heads :], qkv[:, rotated:]
 
     def pack_mask(self, mask: torch.Tensor) -> torch.Tensor:
