@@ -61,7 +61,9 @@ def warp(
         Disallowed tokens are removed before warping, so greedy takes the argmax among the
         allowed tokens and sampling the distribution renormalised over them.
     :returns: ``[..., V]`` float probabilities summing to 1 on the last axis. Greedy gives a
-        one-hot vector on the first argmax, the token plain greedy decoding picks.
+        one-hot vector on the first argmax, the token plain greedy decoding picks. Sampled,
+        the scores are ranked and normalised in float32: logits closer than its resolution
+        tie (float64 logits are rounded to it first).
     """
     if allowed is not None:
         logits = logits.masked_fill(~allowed, float("-inf"))

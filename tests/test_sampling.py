@@ -25,9 +25,11 @@ def test_warp_is_a_distribution_respecting_top_k_and_top_p(logits, t, k, top_p):
     assert torch.isclose(p.sum(), torch.tensor(1.0, dtype=p.dtype), atol=1e-5)
     support = int((p > 0).sum())
     if 0 < k < len(logits):
-        # ties at the k-th score may keep more than k
-        kth = torch.topk(x, k).values[-1]
-        assert support <= int((x >= kth).sum())
+        # ties at the k-th score may keep more than k; the scores are ranked in float32,
+        # where logits closer than its resolution (or below its smallest value) tie
+        scores = x.float() / t
+        kth = torch.topk(scores, k).values[-1]
+        assert support <= int((scores >= kth).sum())
     # the kept set under top-p is the smallest prefix reaching top_p (before renormalising)
     base = warp(x, SamplingParams(temperature=t, top_k=k))
     kept_mass = float(base[p > 0].sum())
