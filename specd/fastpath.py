@@ -6,11 +6,6 @@ float32, rotary embeddings from the model's own rotary module, grouped-query SDP
 MLP) directly on the model's weight tensors and on the engine's KV cache, with a handful
 of tensor operations per layer. It is used for the architectures listed in
 ``SUPPORTED``; every other model runs through its own ``forward``.
-
-Each layer's query, key and value projections run as one product over their weights
-stacked by rows, and so do the MLP's gate and up projections: fewer, larger products and
-fewer operations dispatched from Python. The model's own projections become views of the
-stacked weights, so memory holds them once.
 """
 
 from __future__ import annotations
@@ -45,11 +40,16 @@ _WEIGHT_MAJOR: dict[tuple[Any, ...], bool] = {}
 class _Layer:
     ln1: torch.Tensor
     ln2: torch.Tensor
-    wqkv: torch.Tensor  # [heads*D + 2*kv*D, H]: query, key and value weights stacked
-    bqkv: torch.Tensor | None
+    wq: torch.Tensor
+    bq: torch.Tensor | None
+    wk: torch.Tensor
+    bk: torch.Tensor | None
+    wv: torch.Tensor
+    bv: torch.Tensor | None
     wo: torch.Tensor
     bo: torch.Tensor | None
-    wgu: torch.Tensor  # [2*I, H]: gate and up weights stacked
+    wg: torch.Tensor
+    wu: torch.Tensor
     wd: torch.Tensor
 
 
@@ -103,41 +103,33 @@ class FastDecoder:
         self.n_heads = int(cfg.num_attention_heads)
         self.n_kv = int(getattr(cfg, "num_key_value_heads", None) or self.n_heads)
         self.scaling = float(first.scaling)
-
-        # Without a dtype, the model's own parameters are used (the stacked ones as views:
-        # resident memory holds the weights once).
-        def stacked(*linears: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-            weights = [w(lin.weight) for lin in linears]
-            own = all(x is lin.weight for x, lin in zip(weights, linears, strict=True))
-            joined = _stack(weights, list(linears) if own else None)
-            if all(lin.bias is None for lin in linears):
-                return joined, None
-            biases = [
-                w(lin.bias) if lin.bias is not None else x.new_zeros(x.shape[0])
-                for x, lin in zip(weights, linears, strict=True)
-            ]
-            return joined, torch.cat(biases)
-
+        # Without a dtype, the model's own parameters are used as they are (no copies:
+        # weights loaded from safetensors stay memory-mapped, and resident memory holds
+        # them once).
         self.layers = []
         for block in decoder.layers:
             a, m = block.self_attn, block.mlp
-            wqkv, bqkv = stacked(a.q_proj, a.k_proj, a.v_proj)
             self.layers.append(
                 _Layer(
                     ln1=w(block.input_layernorm.weight),
                     ln2=w(block.post_attention_layernorm.weight),
-                    wqkv=wqkv,
-                    bqkv=bqkv,
+                    wq=w(a.q_proj.weight),
+                    bq=w(a.q_proj.bias),
+                    wk=w(a.k_proj.weight),
+                    bk=w(a.k_proj.bias),
+                    wv=w(a.v_proj.weight),
+                    bv=w(a.v_proj.bias),
                     wo=w(a.o_proj.weight),
                     bo=w(a.o_proj.bias),
-                    wgu=stacked(m.gate_proj, m.up_proj)[0],
+                    wg=w(m.gate_proj.weight),
+                    wu=w(m.up_proj.weight),
                     wd=w(m.down_proj.weight),
                 )
             )
         # Which matrix product streams weights fastest depends on the CPU, its threads and
         # the dtype: measured here, once.
         self._cpu32 = self.embed.device.type == "cpu" and self.embed.dtype == torch.float32
-        mlp = [m for L in self.layers for m in (L.wgu, L.wd)]
+        mlp = [m for L in self.layers for m in (L.wg, L.wu, L.wd)]
         key = (tuple(tuple(m.shape) for m in mlp), torch.get_num_threads())
         if self._cpu32 and key not in _WEIGHT_MAJOR:
             _WEIGHT_MAJOR[key] = products.weight_major_is_faster(mlp)
@@ -158,18 +150,18 @@ class FastDecoder:
         :returns: whether the packed weights are in use.
         """
         self._packed, self._packed_prefill = {}, False
-        weights = [m for L in self.layers for m in (L.wqkv, L.wo, L.wgu, L.wd)]
+        weights = [m for L in self.layers for m in (L.wq, L.wk, L.wv, L.wo, L.wg, L.wu, L.wd)]
         if mode == "off" or not self._cpu32 or not products.packable():
             return False
         size = sum(m.numel() * m.element_size() for m in weights)
-        mlp = [m for L in self.layers for m in (L.wgu, L.wd)][:16]
+        mlp = [m for L in self.layers for m in (L.wg, L.wu, L.wd)][:24]
         if mode == "auto":
             if size > PACKED_MAX_BYTES or not products.packed_is_faster(mlp, self._linear):
                 return False
         for m in weights:
             self._packed.setdefault(m.data_ptr(), products.pack(m))
         self._packed_prefill = mode == "on" or products.packed_is_faster(
-            mlp[:4], self._linear, (PACKED_PREFILL_ROWS,), packed=self._packed
+            mlp[:6], self._linear, (PACKED_PREFILL_ROWS,), packed=self._packed
         )
         what = "verify passes of a few tokens" + (" and prefills" if self._packed_prefill else "")
         log.info("%s use prepacked weights (%d MB)", what, size >> 20)
@@ -275,20 +267,17 @@ class FastDecoder:
         self, L: _Layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries ``[1, heads, T, D]``, keys and values ``[1, KV, T, D]`` of ``h`` ``[1, T, H]``,
-        rotated by the :meth:`rotary_tables` ``cos``/``sin`` ``[1, 1, T, D]``."""
-        t, rotated = h.shape[1], self.n_heads + self.n_kv
+        rotated by ``cos``/``sin`` ``[1, 1, T, D]``."""
+        t = h.shape[1]
+        half = self.head_dim // 2
         x = self._rms(h, L.ln1)
-        qkv = self._linear(x, L.wqkv, L.bqkv).view(1, t, rotated + self.n_kv, self.head_dim)
-        qkv = qkv.transpose(1, 2)  # [1, heads + 2 * KV, T, D]
-        # rotary, queries and keys at once: x * cos + rotate_half(x) * sin, where
-        # rotate_half(x) = cat(-x2, x1) is the halves swapped, their sign in ``sin``
-        qk, half = qkv[:, :rotated], self.head_dim // 2
-        if torch.compiler.is_compiling():  # the same values; a roll compiles far slower
-            swapped = torch.cat((qk[..., half:], qk[..., :half]), dim=-1)
-        else:
-            swapped = qk.roll(half, -1)
-        qk = qk * cos + swapped * sin
-        return qk[:, : self.n_heads], qk[:, self.n_heads :], qkv[:, rotated:]
+        q = self._linear(x, L.wq, L.bq).view(1, t, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self._linear(x, L.wk, L.bk).view(1, t, self.n_kv, self.head_dim).transpose(1, 2)
+        v = self._linear(x, L.wv, L.bv).view(1, t, self.n_kv, self.head_dim).transpose(1, 2)
+        # rotary: x * cos + rotate_half(x) * sin
+        q = q * cos + torch.cat((-q[..., half:], q[..., :half]), dim=-1) * sin
+        k = k * cos + torch.cat((-k[..., half:], k[..., :half]), dim=-1) * sin
+        return q, k, v
 
     def pack_mask(self, mask: torch.Tensor) -> torch.Tensor:
         """A mask ``[1, 1, T, S]`` for :meth:`attend`'s packed rows: ``[1, 1, R*T, S]``."""
@@ -322,47 +311,14 @@ class FastDecoder:
         t = h.shape[1]
         o = o.transpose(1, 2).reshape(1, t, self.n_heads * self.head_dim)
         h = h + self._linear(o, L.wo, L.bo)
-        gate_up = self._linear(self._rms(h, L.ln2), L.wgu)
-        inner = L.wd.shape[1]
-        return h + self._linear(F.silu(gate_up[..., :inner]) * gate_up[..., inner:], L.wd)
+        x = self._rms(h, L.ln2)
+        return h + self._linear(F.silu(self._linear(x, L.wg)) * self._linear(x, L.wu), L.wd)
 
     def rotary_tables(self, h: torch.Tensor, position_ids: torch.Tensor):
-        """cos and sin ``[1, 1, T, D]`` for ``position_ids`` ``[1, T]``, the first half of
-        sin negated (:meth:`qkv` rotates by swapping halves)."""
+        """cos and sin ``[1, 1, T, D]`` for ``position_ids`` ``[1, T]``."""
         cos, sin = self.rotary(h, position_ids)  # [1, T, D]
-        half = self.head_dim // 2
-        sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
         return cos.unsqueeze(1), sin.unsqueeze(1)
 
     def _lm_head(self, x: torch.Tensor) -> torch.Tensor:
         """Logits ``[T, V]`` from final hidden states ``[T, H]``."""
         return self._linear(x, self.lm_head, self.lm_head_bias)
-
-
-def _stack(weights: list[torch.Tensor], owners: list[Any] | None) -> torch.Tensor:
-    """``weights`` ``[N_i, K]`` stacked by rows, ``[sum N_i, K]``: a view where they already
-    lie back to back in one storage (a decoder built earlier over the same model stacked
-    them), else a copy, which the ``owners`` modules' weights then become views of."""
-    first = weights[0]
-    rows = sum(w.shape[0] for w in weights)
-    at = first.data_ptr()
-    same_storage = all(
-        w.is_contiguous()
-        and w.dtype == first.dtype
-        and w.shape[1:] == first.shape[1:]
-        and w.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
-        for w in weights
-    )
-    if same_storage:
-        for w in weights:
-            same_storage = same_storage and w.data_ptr() == at
-            at += w.numel() * w.element_size()
-        if same_storage:
-            return first.as_strided((rows, first.shape[1]), (first.shape[1], 1))
-    joined = torch.cat(weights)
-    if owners is not None:
-        start = 0
-        for lin, w in zip(owners, weights, strict=True):
-            lin.weight.data = joined[start : start + w.shape[0]]
-            start += w.shape[0]
-    return joined

@@ -274,26 +274,3 @@ def test_prefill_passes_start_with_one_long_pass_into_an_empty_cache():
         (PREFILL_CHUNK, PREFILL_CHUNK + 1),
     ]
     assert prefill_pieces(0, 0) == []
-
-
-@pytest.mark.parametrize("arch", sorted(MODELS))
-def test_stacked_projections_leave_the_model_as_it_was(arch):
-    """Each layer's q/k/v (and gate/up) weights run as one product over their stacked rows;
-    the model's own projections become views of the stacked weights, so memory holds them
-    once. Guards against the model's weights changing (its own forward, a save), against
-    a second decoder copying them again, and against a bias (qwen2) left out."""
-    model = {"llama": lambda: tiny_model(VOCAB, num_layers=2, seed=6), "qwen2": qwen2_model}[arch]()
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
-    expected = model(ids).logits
-    first, second = (Target(model, CharTokenizer(VOCAB), fast=True).fast for _ in range(2))
-    assert first is not None and second is not None
-    attn = model.model.layers[0].self_attn
-    stacked = first.layers[0].wqkv
-    assert attn.q_proj.weight.data_ptr() == stacked.data_ptr()
-    assert attn.v_proj.weight.untyped_storage().data_ptr() == stacked.untyped_storage().data_ptr()
-    assert second.layers[0].wqkv.data_ptr() == stacked.data_ptr()  # no second copy
-    assert (first.layers[0].bqkv is not None) == (attn.q_proj.bias is not None)
-    after = model.state_dict()
-    assert all(torch.equal(before[k], after[k]) for k in before)
-    torch.testing.assert_close(model(ids).logits, expected, rtol=0, atol=0)
