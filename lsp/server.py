@@ -196,8 +196,8 @@ class SpecdServer(Answers, LanguageServer):
         self, uri: str, pos: Position | None, ahead_chars: int = 0
     ) -> CompletionRequest | None:
         """A completion request at a resolved position (None: the end of the document);
-        ``ahead_chars``: its window once that many more characters are typed
-        (:func:`cursor_at`)."""
+        ``ahead_chars``: with the window its prompt steps to next where fewer than that
+        many more characters typed would make the step (:func:`cursor_at`)."""
         doc = self.documents.get(uri)
         if doc is None:
             return None

@@ -36,8 +36,8 @@ from .scheduler import Job, Worker
 
 #: an edit this many lines from the last warmed position is warmed at once
 FAR_LINES = 24
-#: a warm-up also reads the window the prompt will have once this many more characters
-#: are typed, where that window starts further down (about three lines of code)
+#: a warm-up also reads the window the prompt steps to next when fewer than this many
+#: more characters typed before the cursor would make the step (about three lines of code)
 AHEAD_CHARS = 120
 #: how often a request waiting for a running generation looks at it again
 POLL_S = 0.01
@@ -50,8 +50,9 @@ class Background:
         the document); None when the document is not open.
     :param version_of: the current version of a document (None when closed).
     :param key: the session's job-key prefix.
-    :param request_ahead: builds the request at a position with the window it will have
-        once :data:`AHEAD_CHARS` more characters are typed (None: no read-ahead).
+    :param request_ahead: builds the request at a position with the window its prompt
+        steps to next, where that step is less than :data:`AHEAD_CHARS` characters of
+        typing away (None: no read-ahead).
     """
 
     def __init__(
