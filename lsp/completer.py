@@ -22,7 +22,7 @@ from typing import Any
 
 from specd import Engine, SamplingParams, Stats
 
-from . import postprocess, prompting
+from . import config, postprocess, prompting
 from .cache import Entry
 from .config import Settings, prefix_tokens
 from .documents import Cursor, Document, Position
@@ -177,10 +177,15 @@ class Completer:
         # newer request for the document, which needs the same tokens, interrupts it); the
         # few tokens typed since go with the first step's draft (one forward, not two).
         t0 = time.perf_counter()
-        reused, _ = self.engine.warm(prompt.ids, req.cancel, request=True)
+        reused, computed = self.engine.warm(prompt.ids, req.cancel, request=True)
         prefill_s = time.perf_counter() - t0
         if req.cancel.is_set():
             return self._cancelled(req)
+        resized = config.observed_prefill(computed, prefill_s)
+        if resized is not None:
+            log.info(
+                "prefill %.0f tokens/s: prefix-tokens auto = %d", computed / prefill_s, resized
+            )
 
         # Stopping early goes through the engine's cancel check (not gen.close()), so the
         # generation still ends normally and reports its stats.

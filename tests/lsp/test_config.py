@@ -62,9 +62,9 @@ def test_strict_decoding_raises_with_the_field_name():
 
 @pytest.fixture
 def restore_auto_prefix():
-    saved = list(config._auto_prefix)
+    saved, rate = list(config._auto_prefix), list(config._best_rate)
     yield
-    config._auto_prefix[:] = saved
+    config._auto_prefix[:], config._best_rate[:] = saved, rate
 
 
 def test_auto_prefix_is_sized_by_the_measured_prefill(restore_auto_prefix):
@@ -84,6 +84,50 @@ def test_auto_prefix_is_sized_by_the_measured_prefill(restore_auto_prefix):
     assert config.measured_prefill(1e9) == high
     settings, messages = config.decode({"prefix-tokens": "most"}, source="s")
     assert settings.prefix_tokens == "auto" and "`prefix-tokens`" in messages[0]
+
+
+def test_a_faster_request_prefill_sizes_auto_again(restore_auto_prefix):
+    """A probe at start that caught a busy moment would keep every prompt of the session
+    small; a request's prefill that reads faster sizes ``auto`` again, and a slower one
+    (the machine busy now) leaves it. Nothing measured at start (``auto`` is then the
+    largest size): requests do not change it."""
+    config._auto_prefix[0], config._best_rate[0] = config.AUTO_PREFIX_SIZES[-1], 0.0
+    assert config.observed_prefill(640, 1.0) is None
+    assert config.prefix_tokens(config.Settings()) == config.AUTO_PREFIX_SIZES[-1]
+
+    assert config.measured_prefill(500.0) == 384  # 400 tokens in COLD_READ_S
+    assert config.observed_prefill(config.OBSERVE_MIN_TOKENS - 1, 0.01) is None  # too short
+    assert config.observed_prefill(300, 1.0) is None  # slower: the machine is busy
+    assert config.prefix_tokens(config.Settings()) == 384
+    assert config.observed_prefill(640, 1.0) == 512
+    assert config.prefix_tokens(config.Settings()) == 512
+    assert config.observed_prefill(650, 1.0) is None  # faster, the same size
+    assert config.prefix_tokens(config.Settings(prefix_tokens=100)) == 100
+
+
+def test_a_request_prefill_is_timed_for_auto(restore_auto_prefix, monkeypatch):
+    """The completion pipeline hands each request's prefill to ``observed_prefill``: the
+    tokens it computed and the seconds they took."""
+    from specd.lsp.completer import Completer, CompletionRequest
+    from specd.lsp.documents import Document
+
+    from specd import Engine, SamplingParams
+    from specd.tiny import tiny_target
+
+    seen: list[tuple[int, float]] = []
+    monkeypatch.setattr(config, "observed_prefill", lambda n, s: seen.append((n, s)))
+    completer = Completer(Engine(tiny_target(), drafter="none"), SamplingParams(max_tokens=2))
+    text = "def total(values):\n    return sum(values)\n" * 12
+    doc = Document("file:///w/main.py", text)
+    cursor = doc.cursor(doc.resolve(24, 0), before_chars=4000, after_chars=400)
+    settings = config.Settings(time_budget_ms=120_000, token_healing=False)
+    req = CompletionRequest(cursor, "main.py", settings)
+    n = len(completer.build_prompt(req).ids)
+    completer.complete(req)
+    ((computed, seconds),) = seen
+    assert n - 16 <= computed < n and seconds > 0  # the last tokens go with the first step
+    completer.complete(CompletionRequest(cursor, "main.py", settings))
+    assert seen[1][0] == 0  # all of it cached
 
 
 def test_the_daemon_measures_its_prefill_at_load(restore_auto_prefix):
