@@ -33,7 +33,7 @@ from specd.lsp.metrics import Metrics
 from specd.lsp.scheduler import Job, Worker
 from specd.lsp.server import SpecdServer
 from specd.lsp.service import Service
-from specd.lsp.warmup import AHEAD_CHARS, Background
+from specd.lsp.warmup import AHEAD_CHARS, OPEN_WARM_S, Background
 
 from specd import Completion, Delta, Engine, Generation, SamplingParams, Stats
 from specd.target import PREFILL_CHUNK
@@ -451,6 +451,52 @@ def test_a_warm_up_that_waited_warms_the_prompt_at_the_latest_edit():
 
     asyncio.run(session())
     assert warmed == [6]
+
+
+@pytest.mark.parametrize("edit", [True, False])
+def test_an_edit_right_after_opening_takes_the_place_of_the_open_warm_up(edit):
+    """Guards against the first request after opening a file waiting behind a warm-up of
+    the file's end: an editor that opens a file at a line and types there at once says
+    where the prompt is; without an edit the end is warmed, a moment after opening."""
+    doc = Document("file:///w/a.py", "x = 1\n" * 40)
+    warmed: list[int] = []
+
+    class Recorder:
+        def warm(self, req: CompletionRequest) -> tuple[int, int]:
+            warmed.append(req.cursor.line)
+            return 0, 10
+
+    def request_at(uri: str, pos: Position | None) -> CompletionRequest:
+        cursor = doc.cursor(pos or doc.resolve(39, 0), before_chars=4000, after_chars=400)
+        return CompletionRequest(cursor, "a.py", Settings(), uri=uri)
+
+    async def session() -> None:
+        worker = Worker()
+        bg = Background(
+            worker,
+            Recorder(),  # type: ignore[arg-type]
+            Metrics(),
+            key="1:",
+            request_at=request_at,
+            version_of=lambda uri: 1,
+        )
+        settings = Settings(completion_cache=False)
+        try:
+            bg.opened(doc.uri, settings)
+            await asyncio.sleep(0.015)
+            if edit:
+                bg.edited(doc.uri, Position(12, 4), settings)
+            for _ in range(100):
+                await asyncio.sleep(0.01)
+                if warmed:
+                    break
+            await asyncio.sleep(OPEN_WARM_S + 0.05)  # nothing else comes
+        finally:
+            bg.stop()
+            worker.stop()
+
+    asyncio.run(session())
+    assert warmed == ([12] if edit else [39])
 
 
 @pytest.mark.parametrize("read_ahead", [True, False])
