@@ -41,6 +41,8 @@ log = logging.getLogger(__name__)
 
 STATS_METHOD = "specd/stats"
 COMPLETE_METHOD = "specd/complete"
+#: how often a request made while the model loads looks whether it has
+LOAD_POLL_S = 0.02
 
 
 class SpecdServer(Answers, LanguageServer):
@@ -236,6 +238,8 @@ class SpecdServer(Answers, LanguageServer):
             return CompletionResult("")
         s, bg = request.settings, self.background
         try:
+            if self.service.loading:
+                await self._recut_when_loaded(request)
             if pipeline and s.completion_cache and (cached := await bg.from_cache(request)):
                 return cached
             fresh = await bg.debounce(request)
@@ -282,6 +286,21 @@ class SpecdServer(Answers, LanguageServer):
             self.service.metrics.cancel(job.reason or "client")
             raise asyncio.CancelledError()
         return result
+
+    async def _recut_when_loaded(self, request: CompletionRequest) -> None:
+        """Wait for the model without holding the event loop, then cut the request's text
+        window again. Before the load it was cut by a guessed characters-per-token ratio
+        and prompt size; the requests after it, cut by the measured ones, would read a
+        differently cut prompt anew."""
+        while self.service.loading:
+            await asyncio.sleep(LOAD_POLL_S)
+        doc = self.documents.get(request.uri)
+        if not self.service.ready or doc is None or doc.version != request.version:
+            return  # failed (the job says so), or stale (the debounce says so)
+        c = request.cursor
+        fresh = self.request_at(request.uri, Position(c.line, c.column, c.clamped))
+        if fresh is not None:
+            request.cursor = fresh.cursor
 
     def _key(self, uri: str) -> str:
         return f"{self.session_id}:{uri}"

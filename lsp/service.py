@@ -87,6 +87,11 @@ class Service:
         return self._engine is not None
 
     @property
+    def loading(self) -> bool:
+        """The model is still loading (neither attached nor failed)."""
+        return not self._loaded.is_set()
+
+    @property
     def engine(self) -> Engine:
         """The engine; while it loads, a stand-in whose attributes wait for it."""
         if self._engine is not None:

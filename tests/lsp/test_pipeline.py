@@ -633,6 +633,34 @@ def test_opening_and_editing_before_the_model_loads_does_not_wait_for_it():
         service.close()
 
 
+def test_a_request_made_while_the_model_loads_is_cut_as_the_next_ones_are():
+    """Guards against the first request of a session keeping the text window it was cut
+    with while the model loaded, by a guessed characters-per-token ratio and prompt size:
+    the request after it, cut by the measured ones, read its whole prompt anew."""
+    service = Service(None)
+    ls = SpecdServer(service)
+    uri = "file:///w/a.py"
+    ls.open(types.TextDocumentItem(uri, "python", 1, "value = compute(1)\n" * 400))
+    request = ls.request(uri, types.Position(300, 0))
+    assert request is not None
+    guessed = request.cursor.before
+
+    async def session() -> CompletionResult:
+        task = asyncio.ensure_future(ls.complete(request))
+        await asyncio.sleep(0.1)
+        assert not task.done()
+        service.attach(Engine(tiny_target(), drafter="none"))
+        return await task
+
+    try:
+        assert asyncio.run(session()).text
+    finally:
+        service.close()
+    later = ls.request(uri, types.Position(300, 0))
+    assert later is not None
+    assert request.cursor.before == later.cursor.before != guessed
+
+
 def test_warm_ups_keep_up_with_typing_that_never_pauses():
     """Guards against warming only once typing pauses: at a fast, steady rhythm the pause
     never comes, and each request would prefill everything typed since the last one."""
