@@ -404,34 +404,48 @@ def test_a_prefetch_superseded_before_it_ran_releases_its_cache_entry():
         worker.stop()
 
 
-def test_a_warm_up_that_waited_warms_the_prompt_at_the_latest_edit():
-    """Guards against a warm-up queued behind a busy worker being skipped (or warming the
-    cursor it was scheduled for) because the user typed on meanwhile: in a typing session
-    the worker is busy whenever the user types, so no warm-up would ever run."""
-    doc = Document("file:///w/a.py", "x = 1\n" * 40)
-    versions = {doc.uri: 1}
+LINES_DOC = Document("file:///w/a.py", "x = 1\n" * 40)  # its last line of text: 39
+
+
+def _recording_background(
+    version_of: Callable[[str], int | None], field: str
+) -> tuple[Background, list[int]]:
+    """A session's pipeline over :data:`LINES_DOC` whose warm-ups only record the
+    ``field`` ("line" or "column") of the cursor they would prefill at (None: line 39)."""
     warmed: list[int] = []
 
     class Recorder:
         def warm(self, req: CompletionRequest) -> tuple[int, int]:
-            warmed.append(req.cursor.line)
-            return 0, 10
+            warmed.append(getattr(req.cursor, field))
+            return 0, 1
 
     def request_at(uri: str, pos: Position | None) -> CompletionRequest:
-        cursor = doc.cursor(pos or doc.resolve(39, 0), before_chars=4000, after_chars=400)
+        at = pos or LINES_DOC.resolve(39, 0)
+        cursor = LINES_DOC.cursor(at, before_chars=4000, after_chars=400)
         return CompletionRequest(cursor, "a.py", Settings(), uri=uri)
 
-    async def session() -> None:
-        worker = Worker()
+    bg = Background(
+        Worker(),
+        Recorder(),  # type: ignore[arg-type]
+        Metrics(),
+        key="1:",
+        request_at=request_at,
+        version_of=version_of,
+    )
+    return bg, warmed
+
+
+def test_a_warm_up_that_waited_warms_the_prompt_at_the_latest_edit():
+    """Guards against a warm-up queued behind a busy worker being skipped (or warming the
+    cursor it was scheduled for) because the user typed on meanwhile: in a typing session
+    the worker is busy whenever the user types, so no warm-up would ever run."""
+    doc = LINES_DOC
+    versions = {doc.uri: 1}
+
+    async def session() -> list[int]:
+        bg, warmed = _recording_background(versions.get, "line")
+        worker = bg.worker
         gate = threading.Event()
-        bg = Background(
-            worker,
-            Recorder(),  # type: ignore[arg-type]
-            Metrics(),
-            key="1:",
-            request_at=request_at,
-            version_of=versions.get,
-        )
         bg.rhythm.pause_s = lambda: 60.0  # type: ignore[method-assign]  # no pause in this test
         settings = Settings(completion_cache=False)
         try:
@@ -445,12 +459,12 @@ def test_a_warm_up_that_waited_warms_the_prompt_at_the_latest_edit():
                 if warmed:
                     break
                 await asyncio.sleep(0.01)
+            return warmed
         finally:
             bg.stop()
             worker.stop()
 
-    asyncio.run(session())
-    assert warmed == [6]
+    assert asyncio.run(session()) == [6]
 
 
 @pytest.mark.parametrize("edit", [True, False])
@@ -458,28 +472,10 @@ def test_an_edit_right_after_opening_takes_the_place_of_the_open_warm_up(edit):
     """Guards against the first request after opening a file waiting behind a warm-up of
     the file's end: an editor that opens a file at a line and types there at once says
     where the prompt is; without an edit the end is warmed, a moment after opening."""
-    doc = Document("file:///w/a.py", "x = 1\n" * 40)
-    warmed: list[int] = []
+    doc = LINES_DOC
 
-    class Recorder:
-        def warm(self, req: CompletionRequest) -> tuple[int, int]:
-            warmed.append(req.cursor.line)
-            return 0, 10
-
-    def request_at(uri: str, pos: Position | None) -> CompletionRequest:
-        cursor = doc.cursor(pos or doc.resolve(39, 0), before_chars=4000, after_chars=400)
-        return CompletionRequest(cursor, "a.py", Settings(), uri=uri)
-
-    async def session() -> None:
-        worker = Worker()
-        bg = Background(
-            worker,
-            Recorder(),  # type: ignore[arg-type]
-            Metrics(),
-            key="1:",
-            request_at=request_at,
-            version_of=lambda uri: 1,
-        )
+    async def session() -> list[int]:
+        bg, warmed = _recording_background(lambda uri: 1, "line")
         settings = Settings(completion_cache=False)
         try:
             bg.opened(doc.uri, settings)
@@ -491,12 +487,12 @@ def test_an_edit_right_after_opening_takes_the_place_of_the_open_warm_up(edit):
                 if warmed:
                     break
             await asyncio.sleep(OPEN_WARM_S + 0.05)  # nothing else comes
+            return warmed
         finally:
             bg.stop()
-            worker.stop()
+            bg.worker.stop()
 
-    asyncio.run(session())
-    assert warmed == ([12] if edit else [39])
+    assert asyncio.run(session()) == ([12] if edit else [39])
 
 
 @pytest.mark.parametrize("read_ahead", [True, False])
@@ -664,28 +660,10 @@ def test_a_request_made_while_the_model_loads_is_cut_as_the_next_ones_are():
 def test_warm_ups_keep_up_with_typing_that_never_pauses():
     """Guards against warming only once typing pauses: at a fast, steady rhythm the pause
     never comes, and each request would prefill everything typed since the last one."""
-    doc = Document("file:///w/a.py", "x = 1\n" * 40)
-    warmed: list[int] = []
-
-    class Recorder:
-        def warm(self, req: CompletionRequest) -> tuple[int, int]:
-            warmed.append(req.cursor.column)
-            return 0, 1
-
-    def request_at(uri: str, pos: Position | None) -> CompletionRequest:
-        cursor = doc.cursor(pos or doc.resolve(39, 0), before_chars=4000, after_chars=400)
-        return CompletionRequest(cursor, "a.py", Settings(), uri=uri)
+    doc = LINES_DOC
 
     async def session() -> int:
-        worker = Worker()
-        bg = Background(
-            worker,
-            Recorder(),  # type: ignore[arg-type]
-            Metrics(),
-            key="1:",
-            request_at=request_at,
-            version_of=lambda uri: 1,
-        )
+        bg, warmed = _recording_background(lambda uri: 1, "column")
         bg.rhythm.pause_s = lambda: 0.05  # type: ignore[method-assign]
         bg._warmed_line[doc.uri] = 20  # near the last warm-up: no immediate one
         settings = Settings(completion_cache=False)
@@ -696,7 +674,7 @@ def test_warm_ups_keep_up_with_typing_that_never_pauses():
             return len(warmed)
         finally:
             bg.stop()
-            worker.stop()
+            bg.worker.stop()
 
     assert asyncio.run(session()) >= 2
 
