@@ -137,6 +137,11 @@ class FastDecoder:
         self._packed: dict[int, torch.Tensor] = {}
         self._packed_prefill = False  # whether passes past PACKED_ROWS use them too
 
+    @property
+    def weight_major(self) -> bool:
+        """Whether products of a few rows are computed weight-major (measured faster)."""
+        return self._weight_major
+
     @torch.no_grad()
     def pack(self, mode: str = "auto") -> bool:
         """Keep oneDNN's blocked layout of each decoder weight for passes of a few tokens
@@ -190,11 +195,7 @@ class FastDecoder:
             return products.packed_linear(rows, packed, b).reshape(*lead, w.shape[0])
         if not self._weight_major or n > 16:
             return F.linear(x, w, b)
-        # rows in column-major order (the transposed output of an earlier product, passed
-        # through elementwise operations) made the product 2.5-3.5x slower on one AMD EPYC:
-        # copying them (n x K values) costs microseconds
-        rows = torch.cat([rows, rows]) if n == 1 else rows.contiguous()
-        y = (w @ rows.T).T[:n]  # [n, N]
+        y = products.weight_major(rows, w)  # [n, N]
         if b is not None:
             y = y + b
         return y.reshape(*lead, w.shape[0])

@@ -19,6 +19,20 @@ import torch.nn.functional as F
 PACK_ROWS = 16
 
 
+def weight_major(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``x @ w.T`` for ``x`` ``[..., K]`` computed as ``(w @ x.T).T``, one row padded to two.
+
+    The rows are copied into row-major order first: the result of an earlier weight-major
+    product is a transposed view, elementwise operations keep that layout, and MKL
+    multiplied such rows 2.5-3.5x slower on one AMD EPYC (copying n x K values costs
+    microseconds)."""
+    lead = x.shape[:-1]
+    rows = x.reshape(-1, x.shape[-1])
+    n = rows.shape[0]
+    rows = torch.cat([rows, rows]) if n == 1 else rows.contiguous()
+    return (w @ rows.T).T[:n].reshape(*lead, w.shape[0])
+
+
 def pack(w: torch.Tensor) -> torch.Tensor:
     """oneDNN's blocked copy of ``w`` ``[N, K]`` (serves any row count)."""
     return torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS)
@@ -63,7 +77,7 @@ def weight_major_is_faster(weights: list[torch.Tensor], repeats: int = 2) -> boo
     stream from memory as in a step). The faster of ``repeats`` passes of each decides."""
 
     def product(major: bool, x: torch.Tensor, w: torch.Tensor) -> Any:
-        return w @ (torch.cat([x, x]) if len(x) == 1 else x).T if major else F.linear(x, w)
+        return weight_major(x, w) if major else F.linear(x, w)
 
     major_s, linear_s = _timed(weights, (1, 4), product, repeats)
     return major_s < linear_s

@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
-from . import fastpath
+from . import fastpath, products
 from .compiled import CompiledStep
 from .errors import BadInputError
 from .fastpath import FastDecoder
@@ -108,6 +109,14 @@ class Target:
         if mode not in PACK_CHOICES:
             raise BadInputError(f"packed weights: expected one of {PACK_CHOICES}, got {mode!r}")
         return self.fast is not None and self.fast.pack(mode)
+
+    def linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """``x @ w.T`` computed the way the lean forward computes products of a few rows on
+        this machine (weight-major where it measured faster, :mod:`specd.products`), for a
+        drafter's own small layers."""
+        if self.fast is not None and self.fast.weight_major:
+            return products.weight_major(x, w)
+        return F.linear(x, w)
 
     @property
     def max_positions(self) -> int:

@@ -238,6 +238,30 @@ def test_decoders_of_one_model_use_the_same_products(monkeypatch):
     assert picks == {True}
 
 
+@pytest.mark.parametrize("rows", [1, 2, 3, 7])
+def test_the_weight_major_product_takes_rows_in_any_layout(rows):
+    """The rows a weight-major product gets are often a transposed view (the output of the
+    product before it); it must compute x @ w.T from them all the same."""
+    torch.manual_seed(0)
+    w = torch.randn(24, 10)
+    x = torch.randn(10, rows).T  # column-major rows
+    torch.testing.assert_close(products.weight_major(x, w), x @ w.T)
+    torch.testing.assert_close(products.weight_major(x[None], w), (x @ w.T)[None])
+
+
+@pytest.mark.parametrize("major", [True, False])
+def test_target_linear_is_the_product_its_lean_forward_uses(monkeypatch, major):
+    monkeypatch.setattr(fastpath, "_WEIGHT_MAJOR", {})
+    monkeypatch.setattr(products, "weight_major_is_faster", lambda w: major)
+    calls = []
+    monkeypatch.setattr(products, "weight_major", lambda x, w: calls.append(1) or x @ w.T)
+    model = tiny_model(VOCAB, num_layers=2, seed=5, dtype=torch.float32)
+    target = Target(model, CharTokenizer(VOCAB))
+    x, w = torch.randn(3, 16), torch.randn(8, 16)
+    torch.testing.assert_close(target.linear(x, w), x @ w.T)
+    assert bool(calls) == major
+
+
 @pytest.mark.parametrize("arch", sorted(MODELS))
 def test_a_prefill_fills_every_layer_as_a_full_forward_does(arch):
     """The prefill stops the last layer after its keys and values (nobody reads its output).
