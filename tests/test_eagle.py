@@ -3,6 +3,8 @@ training-time test drafting the way the drafter does, and the head file's refusa
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -18,6 +20,7 @@ from specd.plugins.eagle.headfile import (
 )
 
 from specd import DraftContext, Engine, SamplingParams, Target
+from specd.products import weight_major
 from specd.tiny import tiny_model, tiny_target
 
 VOCAB = 48
@@ -44,11 +47,11 @@ def engine(head_file, **options) -> Engine:
 @settings(max_examples=20)
 @given(
     prompt=st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=24),
-    shape=st.sampled_from([(1, 1), (2, 2), (3, 2)]),
+    shape=st.sampled_from([(1, 1, 0.0), (2, 2, 0.0), (3, 2, 0.0), (3, 3, 0.05)]),
 )
 def test_greedy_eagle_is_identical_to_plain(head_file, prompt, shape):
-    topk, width = shape
-    e = engine(head_file, topk=topk, width=width)
+    topk, width, min_prob = shape
+    e = engine(head_file, topk=topk, width=width, min_prob=min_prob)
     params = SamplingParams(max_tokens=16)
     spec = e.generate(prompt, params, drafter="eagle")
     # a malformed draft would fall back to plain decoding and still match: rule that out
@@ -127,6 +130,50 @@ def test_sampled_drafts_carry_q_over_the_full_vocabulary(head_file):
         logits = torch.full((VOCAB,), float("-inf"), dtype=torch.float64)
         logits[:DRAFT_VOCAB] = drafter._outs[-1] @ TARGET.model.lm_head.weight[:DRAFT_VOCAB].T
     torch.testing.assert_close(draft.q[0], logits.softmax(-1).float())
+
+
+def _paths(drafter: EagleDrafter) -> dict[tuple[int, ...], float]:
+    """The greedy tree ``drafter`` drafts after a fixed prompt: each node's token path from
+    the root, with its path log probability under the head."""
+    ctx = _ctx([3, 1, 4, 1, 5, 9, 2, 6], SamplingParams())
+    drafter.start(ctx)
+    pending = len(ctx.tokens) - 1
+    drafter._feed(ctx.tokens, pending)
+    nodes = drafter._tree(ctx, 8, pending)
+    paths: list[tuple[int, ...]] = []
+    for n in nodes:  # parents come first
+        paths.append((*(paths[n.parent] if n.parent >= 0 else ()), n.token))
+    return {path: n.score for path, n in zip(paths, nodes)}
+
+
+def test_min_prob_drafts_the_tree_without_the_nodes_the_head_finds_unlikely(head_file):
+    full = _paths(EagleDrafter(head=head_file, topk=3, width=3))
+    scores = sorted(full.values(), reverse=True)
+    assert len(scores) == 8 and scores[0] > scores[-1]
+    for floor in (scores[2], scores[5]):
+        min_prob = math.exp(floor)
+        kept = _paths(EagleDrafter(head=head_file, topk=3, width=3, min_prob=min_prob))
+        assert kept == {p: s for p, s in full.items() if s >= math.log(min_prob)}
+        assert 0 < len(kept) < len(full)
+    assert _paths(EagleDrafter(head=head_file, min_prob=1.0)) == {}
+
+
+def test_drafting_with_the_targets_product_computes_what_the_layers_do(head_file):
+    """Drafting multiplies through ``Target.linear`` (weight-major on CPUs where that is
+    faster); the head's outputs must not depend on it."""
+    head = load_head(head_file, TARGET)
+    shape, dtype = (1, 5, head.config.hidden), head.fc.weight.dtype
+    feat, emb = torch.randn(shape, dtype=dtype), torch.randn(shape, dtype=dtype)
+    outs = []
+    for product in (None, TARGET.linear, weight_major):
+        head.product = product
+        with torch.no_grad():
+            x = head.entries(feat, emb)
+            q, k, v = head.keys_values(x, torch.arange(5))
+            outs.append(head.finish(x, q, k, v, None))
+    torch.testing.assert_close(outs[0], outs[1])
+    torch.testing.assert_close(outs[0], outs[2])
+    assert EagleDrafter(head=head_file)._load(TARGET).product == TARGET.linear
 
 
 def test_the_training_time_test_sees_what_a_draft_chain_sees():

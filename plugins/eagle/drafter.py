@@ -47,7 +47,9 @@ class EagleDrafter(Drafter):
     ``random``: an untrained head, for tests).
     :param topk: children per expanded node (greedy trees). :param width: nodes expanded
     per depth (greedy trees). :param window: true entries the head attends to.
-    :param max_draft: cap on draft nodes per step."""
+    :param max_draft: cap on draft nodes per step.
+    :param min_prob: greedy trees keep only nodes whose path probability under the head
+        is at least this: each node widens the verify pass, which costs time on a CPU."""
 
     name = "eagle"
     wants_hidden = True
@@ -61,12 +63,14 @@ class EagleDrafter(Drafter):
         width: int = 2,
         window: int = 512,
         max_draft: int = 8,
+        min_prob: float = 0.0,
     ) -> None:
         self.head_path = None if head is None else Path(head)
         self.topk = max(1, int(topk))
         self.width = max(1, int(width))
         self.window = max(1, int(window))
         self.max_draft = int(max_draft)
+        self.min_prob = float(min_prob)
         self._for: Target | None = None
         self._head: EagleHead | None = None
         self._reset()
@@ -101,6 +105,7 @@ class EagleDrafter(Drafter):
             vocab = self._head.draft_vocab
             self._embed = model.get_input_embeddings().weight
             self._lm_rows = model.get_output_embeddings().weight[vocab]  # [Vd, H]
+            self._head.product = target.linear  # the target's product for a few rows
             self._reset()
         return self._head
 
@@ -226,25 +231,45 @@ class EagleDrafter(Drafter):
 
     def _tree(self, ctx: DraftContext, budget: int, pending: int) -> list[_Node]:
         nodes: list[_Node] = []
-        frontier = self._children(-1, self._outs[-1], 0.0, 1, nodes)
+        floor = math.log(self.min_prob) if self.min_prob > 0 else -math.inf
+        root = self._outs[-1][None]
+        frontier = self._children(-1, root[0], self._logp(root)[0], 0.0, 1, nodes)
         for depth in range(2, budget + 1):
+            # a child is never more probable than its parent: expand only nodes over the floor
+            frontier = [i for i in frontier if nodes[i].score >= floor]
             frontier = sorted(frontier, key=lambda i: -nodes[i].score)[: self.width]
             if not frontier or not ctx.keep_drafting(depth - 1, math.exp(nodes[frontier[0]].score)):
                 break
             outs = self._expand(frontier, nodes, pending)
             frontier = [
                 c
-                for i, out in zip(frontier, outs)
-                for c in self._children(i, out, nodes[i].score, depth, nodes)
+                for i, out, logp in zip(frontier, outs, self._logp(outs))
+                for c in self._children(i, out, logp, nodes[i].score, depth, nodes)
             ]
         # the budget most probable nodes; a parent is never less probable than its child
         chosen = sorted(range(len(nodes)), key=lambda i: (-nodes[i].score, nodes[i].depth))
-        return _closed(nodes, chosen[:budget])
+        return _closed(nodes, [i for i in chosen[:budget] if nodes[i].score >= floor])
+
+    def _scores(self, feat: torch.Tensor) -> torch.Tensor:
+        """The head's logits over the draft vocabulary ``[..., Vd]`` for features ``feat``."""
+        product = self._head.product  # type: ignore[union-attr]
+        return feat @ self._lm_rows.T if product is None else product(feat, self._lm_rows)
+
+    def _logp(self, feats: torch.Tensor) -> torch.Tensor:
+        """Log probabilities over the draft vocabulary ``[F, Vd]``, one product for all."""
+        return torch.log_softmax(self._scores(feats).float(), -1)
 
     def _children(
-        self, parent: int, feat: torch.Tensor, score: float, depth: int, nodes: list[_Node]
+        self,
+        parent: int,
+        feat: torch.Tensor,
+        logp: torch.Tensor,
+        score: float,
+        depth: int,
+        nodes: list[_Node],
     ) -> list[int]:
-        logp = torch.log_softmax((feat @ self._lm_rows.T).float(), -1)  # [Vd]
+        """Add the ``topk`` most probable children of ``parent`` (whose predicted feature
+        ``feat`` gave ``logp`` ``[Vd]``). :returns: their node indices."""
         top = logp.topk(min(self.topk, logp.numel()))
         vocab = self._head.draft_vocab  # type: ignore[union-attr]
         made = []
@@ -278,7 +303,7 @@ class EagleDrafter(Drafter):
         rows: list[torch.Tensor] = []
         for position in range(budget):
             logits = torch.full((ctx.vocab_size,), float("-inf"), device=feat.device)
-            logits[vocab] = (feat @ self._lm_rows.T).float()
+            logits[vocab] = self._scores(feat).float()
             q = warp(logits, ctx.params)  # [V], zero outside the draft vocabulary
             token = sample(q, ctx.generator)
             tokens.append(token)

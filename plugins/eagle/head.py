@@ -16,6 +16,7 @@ a draft chain sees them.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -69,6 +70,10 @@ class EagleHead(nn.Module):
 
     draft_vocab: torch.Tensor  # [Vd] buffers, declared for type checkers
     inv_freq: torch.Tensor  # [D / 2]
+    #: ``product(x, w)`` computes ``x @ w.T`` for every linear layer; None: the layers' own
+    #: ``F.linear``. Drafting sets the fastest product measured for a few rows
+    #: (:mod:`specd.products`), training leaves it None.
+    product: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 
     def __init__(self, config: HeadConfig, draft_vocab: torch.Tensor) -> None:
         super().__init__()
@@ -90,6 +95,9 @@ class EagleHead(nn.Module):
 
     # -- pieces -------------------------------------------------------------------------
 
+    def _lin(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        return layer(x) if self.product is None else self.product(x, layer.weight)
+
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.config.eps)
@@ -105,7 +113,7 @@ class EagleHead(nn.Module):
 
     def entries(self, feat: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
         """The layer's input: ``fc([f_j, e(x_{j+1})])``, ``[B, T, H]``."""
-        return self.fc(torch.cat([feat, emb], dim=-1))
+        return self._lin(self.fc, torch.cat([feat, emb], dim=-1))
 
     def keys_values(
         self, x: torch.Tensor, pos: torch.Tensor
@@ -114,9 +122,9 @@ class EagleHead(nn.Module):
         c = self.config
         b, t, _ = x.shape
         h = self._rms(x, self.ln1)
-        q = self.wq(h).view(b, t, c.heads, c.head_dim).transpose(1, 2)
-        k = self.wk(h).view(b, t, c.kv_heads, c.head_dim).transpose(1, 2)
-        v = self.wv(h).view(b, t, c.kv_heads, c.head_dim).transpose(1, 2)
+        q = self._lin(self.wq, h).view(b, t, c.heads, c.head_dim).transpose(1, 2)
+        k = self._lin(self.wk, h).view(b, t, c.kv_heads, c.head_dim).transpose(1, 2)
+        v = self._lin(self.wv, h).view(b, t, c.kv_heads, c.head_dim).transpose(1, 2)
         return self._rope(q, pos), self._rope(k, pos), v
 
     def finish(
@@ -133,16 +141,21 @@ class EagleHead(nn.Module):
         c = self.config
         b, t, _ = x.shape
         rep = c.heads // c.kv_heads
-        if rep > 1:
-            keys = keys.repeat_interleave(rep, dim=1)
-            values = values.repeat_interleave(rep, dim=1)
+        s = keys.shape[2]
         if mask is None:
-            s = keys.shape[2]
             mask = torch.ones(t, s, dtype=torch.bool, device=x.device).tril_(s - t)
-        o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
-        h = x + self.wo(o.transpose(1, 2).reshape(b, t, c.heads * c.head_dim))
+        # Additive, and grouped-query attention on the key/value heads (each group's query
+        # heads as rows): on CPU a boolean mask, or keys repeated per query head, sent
+        # attention down a path several times slower.
+        add = torch.zeros(t, s, dtype=q.dtype, device=q.device)
+        add = add.masked_fill_(~mask, torch.finfo(q.dtype).min).repeat(rep, 1)
+        rows = q.reshape(b, c.kv_heads, rep * t, c.head_dim)
+        o = F.scaled_dot_product_attention(rows, keys, values, attn_mask=add)
+        o = o.view(b, c.heads, t, c.head_dim)
+        h = x + self._lin(self.wo, o.transpose(1, 2).reshape(b, t, c.heads * c.head_dim))
         m = self._rms(h, self.ln2)
-        return h + self.down(F.silu(self.gate(m)) * self.up(m))
+        act = F.silu(self._lin(self.gate, m)) * self._lin(self.up, m)
+        return h + self._lin(self.down, act)
 
     # -- training -----------------------------------------------------------------------
 
