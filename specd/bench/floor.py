@@ -20,6 +20,9 @@ from ..target import Target
 
 #: Trials of the floor measurement (bandwidth, then steps), of which the median counts.
 TRIALS = 5
+#: Tokens in the verify passes timed beside the one-token step: what drafting a few tokens
+#: costs on top of the step it saves.
+PASS_TOKENS = (2, 4, 8)
 
 
 def copy_bandwidth_gb_s(
@@ -53,9 +56,11 @@ def decode_step_times(
     warmup: int = 3,
     eager: bool = False,
     prepared: tuple[KVCache, int] | None = None,
+    tokens: int = 1,
 ) -> list[float]:
-    """Seconds of each of ``repeats`` one-token forwards on top of ``context`` cached tokens
-    (with ``eager``, without the compiled step even where the target has one).
+    """Seconds of each of ``repeats`` forwards of ``tokens`` tokens (a chain, as a verify
+    pass feeds) on top of ``context`` cached tokens (with ``eager``, without the compiled
+    step even where the target has one).
 
     :param prepared: a cache already holding the context and the next token, from
         :func:`prepare` (prefilled here otherwise).
@@ -66,7 +71,7 @@ def decode_step_times(
     for i in range(warmup + repeats):
         _sync(target.device)
         t = time.perf_counter()
-        target.forward(cache, [token], eager=eager)
+        target.forward(cache, [token] * tokens, eager=eager)
         _sync(target.device)
         if i >= warmup:
             times.append(time.perf_counter() - t)
@@ -81,7 +86,7 @@ def prepare(target: Target, context: int) -> tuple[KVCache, int]:
     ctx = min(context, _max_positions(target) - 2)
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, target.vocab_size, (ctx + 1,), generator=gen).tolist()
-    cache = target.new_cache(capacity=ctx + 8)
+    cache = target.new_cache(capacity=ctx + 2 * max(PASS_TOKENS))
     target.prefill(cache, tokens[:ctx])
     return cache, tokens[ctx]
 
@@ -105,7 +110,9 @@ def measure(
         ``step_min_s`` and ``ratio_min`` (the fastest step of all), ``compiled`` (whether
         the step timed was the compiled one), ``eager_step_s`` and ``compiled_speedup``
         (eager ÷ compiled median, None without a compiled step), ``weight_bytes``,
-        ``kv_bytes`` (the cache a step also reads at that context) and ``context``.
+        ``kv_bytes`` (the cache a step also reads at that context), ``context``, and
+        ``pass_ratio``: for each of :data:`PASS_TOKENS`, the median over trials of a pass of
+        that many tokens ÷ the same trial's one-token step.
     """
     if trials < 1:
         raise ValueError(f"trials must be >= 1, got {trials}")
@@ -114,6 +121,7 @@ def measure(
     rows: list[dict[str, float]] = []
     all_times: list[float] = []
     eager: list[float] = []
+    passes: dict[int, list[float]] = {n: [] for n in PASS_TOKENS}
     prepared = prepare(target, context)
     for _ in range(trials):
         bw = copy_bandwidth_gb_s(repeats=3, device=target.device)
@@ -124,6 +132,9 @@ def measure(
         if compiled:
             times = decode_step_times(target, context, repeats, eager=True, prepared=prepared)
             eager.append(statistics.median(times))
+        for n in PASS_TOKENS:
+            times = decode_step_times(target, context, repeats, prepared=prepared, tokens=n)
+            passes[n].append(statistics.median(times) / step)
     # A step that turned itself off mid-measurement ran eager: say so.
     compiled = compiled and target.compiled is not None and target.compiled.ready
     ratios = [r["ratio"] for r in rows]
@@ -148,6 +159,7 @@ def measure(
         "weight_bytes": weights,
         "kv_bytes": kv_bytes(target, context),
         "context": context,
+        "pass_ratio": {n: statistics.median(r) for n, r in passes.items()},
     }
 
 

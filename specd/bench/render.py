@@ -66,6 +66,12 @@ def markdown(report: dict[str, Any]) -> str:
                 f" Eager step {fl['eager_step_s'] * 1e3:.1f} ms: the compiled step is "
                 f"{fl['compiled_speedup']:.2f}× faster."
             )
+        if fl.get("pass_ratio"):
+            lines[-1] += (
+                " Verify passes of "
+                + ", ".join(f"{n} tokens {r:.2f}×" for n, r in fl["pass_ratio"].items())
+                + " the one-token step."
+            )
     pc = report.get("prefix_cache")
     if pc:
         lines += ["", "**Prefix cache** (TTFT after a one-character edit, specd plain):", ""]
