@@ -71,8 +71,8 @@ class EagleHead(nn.Module):
     draft_vocab: torch.Tensor  # [Vd] buffers, declared for type checkers
     inv_freq: torch.Tensor  # [D / 2]
     #: ``product(x, w)`` computes ``x @ w.T`` for every linear layer; None: the layers' own
-    #: ``F.linear``. Drafting sets the fastest product measured for a few rows
-    #: (:mod:`specd.products`), training leaves it None.
+    #: ``F.linear``. Drafting sets the target's ``Target.linear`` (the product it measured
+    #: fastest for a few rows); training leaves it None.
     product: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 
     def __init__(self, config: HeadConfig, draft_vocab: torch.Tensor) -> None:
