@@ -159,7 +159,9 @@ def warm_up(engine: Any) -> None:
     from specd import SamplingParams
 
     line = engine.tokenize("def main():\n") or [0]
-    engine.generate(line, SamplingParams(max_tokens=2), drafter="none")
+    # with the configured drafter: it is built (a head file read) now, and options it
+    # rejects end the start with their error instead of failing every request
+    engine.generate(line, SamplingParams(max_tokens=2))
     ids = (line * (PREFILL_PROBE // len(line) + 1))[:PREFILL_PROBE]
     rate = 0.0
     # the first pass pays for setup; the faster of two then, as a busy moment is slower

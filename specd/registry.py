@@ -216,8 +216,16 @@ def make(kind: str, name: str, options: dict[str, Any] | None = None) -> Any:
     cls = _lookup(kind, name)
     try:
         return cls(**(options or {}))
+    except BadInputError:
+        raise  # a part's own options (a drafter that combines others) say what was wrong
     except TypeError as e:
         raise BadInputError(f"bad options for {name!r}: {e}") from e
+    except ValueError as e:
+        if not options:
+            raise
+        # a value the constructor could not read (options from the command line are text)
+        given = ", ".join(f"{k}={v!r}" for k, v in options.items())
+        raise BadInputError(f"bad options for {name!r} ({given}): {e}") from e
 
 
 def make_drafter(name: str, options: dict[str, Any] | None = None) -> Drafter:

@@ -267,6 +267,10 @@ def test_bad_drafter_options_fail_when_the_request_is_made(target):
     with pytest.raises(BadInputError, match="no_such_option"):
         engine.stream(PROMPT, PARAMS)
     assert len(engine.prefix_cache) == 0
+    # a value the constructor cannot read is the user's error too, not a broken plugin
+    engine = Engine(target, drafter_options={"ngram": {"max_n": "abc"}})
+    with pytest.raises(BadInputError, match="max_n='abc'"):
+        engine.stream(PROMPT, PARAMS)
 
 
 def test_running_out_of_request_time_is_not_held_against_the_plugin(target):

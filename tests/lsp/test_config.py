@@ -142,3 +142,14 @@ def test_the_daemon_measures_its_prefill_at_load(restore_auto_prefix):
     low, high = config.AUTO_PREFIX_SIZES[0], config.AUTO_PREFIX_SIZES[-1]
     assert low <= config.prefix_tokens(config.Settings()) <= high
     assert len(engine.prefix_cache) == 0  # the probe's tokens are not kept
+
+
+def test_drafter_options_the_drafter_rejects_end_the_daemons_start():
+    from specd.lsp import serve
+
+    from specd import BadInputError, Engine
+    from specd.tiny import tiny_target
+
+    engine = Engine(tiny_target(96, seed=0), drafter_options={"ngram": {"max_n": "four"}})
+    with pytest.raises(BadInputError, match="max_n='four'"):
+        serve.warm_up(engine)
