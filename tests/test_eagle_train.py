@@ -71,3 +71,30 @@ def test_a_run_counted_in_updates_reproduces_and_evaluates(corpus, tmp_path, cap
     assert train(corpus, out, "--evaluate", "--json") == EXIT_OK
     report = json.loads(capsys.readouterr().out)
     assert report["sequences"] > 0 and len(report["position_acceptance"]) == 3
+
+
+def test_a_run_can_start_from_another_head(corpus, tmp_path, capsys):
+    """``--init`` starts from a head's weights and draft vocabulary and records its lineage;
+    a head that cannot be read is the user's error."""
+    first = tmp_path / "a" / "head.safetensors"
+    assert train(corpus, first, "--updates", "3", "--valid-minutes", "5") == EXIT_OK
+    second = tmp_path / "b" / "head.safetensors"
+    # a learning rate far below bfloat16's resolution: the weights come back unchanged
+    extra = ("--init", str(first), "--updates", "1", "--lr", "1e-12", "--valid-minutes", "5")
+    assert train(corpus, second, *extra) == EXIT_OK
+    with safe_open(str(first), framework="pt") as a, safe_open(str(second), framework="pt") as b:
+        assert a.keys() == b.keys()
+        assert all(torch.equal(a.get_tensor(k), b.get_tensor(k)) for k in a.keys())  # noqa: SIM118
+    meta = read_meta(second)
+    assert meta["init"] == read_meta(first)["command"]
+    assert f"--init {first}" in meta["command"]
+    third = tmp_path / "c" / "head.safetensors"
+    assert train(corpus, third, "--init", str(second), "--updates", "1") == EXIT_OK
+    assert read_meta(third)["init"].splitlines() == [read_meta(first)["command"], meta["command"]]
+
+    capsys.readouterr()
+    code = main(
+        ["train", "eagle", "--model", "tiny", "--data", str(corpus), "--out", str(tmp_path / "d")]
+        + ["--init", str(tmp_path / "missing.safetensors"), "--updates", "1"]
+    )
+    assert code == EXIT_BAD_INPUT and "missing.safetensors" in capsys.readouterr().err

@@ -23,7 +23,7 @@ from specd.options import EXIT_OK, add_model_args
 
 from . import features
 from .head import EagleHead, HeadConfig
-from .headfile import load_head, save_head, weights_hash
+from .headfile import load_head, read_meta, save_head, weights_hash
 from .train import TrainConfig, Trainer
 
 
@@ -41,6 +41,12 @@ def specd_register_commands(subparsers: argparse._SubParsersAction) -> None:
     add_model_args(p)
     p.add_argument("--data", nargs="+", required=True, metavar="PATH", help="files or folders")
     p.add_argument("--out", required=True, metavar="HEAD", help="the head file to write")
+    p.add_argument(
+        "--init",
+        metavar="HEAD",
+        default=None,
+        help="start from this head (trained for the same target; its draft vocabulary is kept)",
+    )
     p.add_argument("--glob", default="*.py", help="files to take from folders (default: *.py)")
     p.add_argument("--max-tokens", type=int, default=None, help="training tokens to use at most")
     p.add_argument("--seq-len", type=int, default=512, help="tokens per training sequence")
@@ -117,10 +123,15 @@ def run(args: argparse.Namespace) -> int:
     )
 
     counts = torch.bincount(train["labels"].reshape(-1).long(), minlength=target.vocab_size)
-    vocab = counts.argsort(descending=True)[: min(args.draft_vocab, target.vocab_size)]
+    if args.init is not None:
+        head = load_head(Path(args.init), target)
+        vocab = head.draft_vocab.long()
+        say(f"starting from {args.init} ({read_meta(Path(args.init))['command']})")
+    else:
+        vocab = counts.argsort(descending=True)[: min(args.draft_vocab, target.vocab_size)]
+        head = EagleHead(HeadConfig.for_target(target.config), vocab.sort().values)
     covered = float(counts[vocab].sum() / counts.sum())
     say(f"draft vocabulary: {vocab.numel()} tokens cover {covered:.3f} of the target's choices")
-    head = EagleHead(HeadConfig.for_target(target.config), vocab.sort().values)
     model = target.model
     trainer = Trainer(
         head,
@@ -146,7 +157,8 @@ def run(args: argparse.Namespace) -> int:
     report = trainer.run(say, checkpoint=lambda: trainer.save(ckpt))
     trainer.save(ckpt)
     report |= {"draft_vocab_coverage": round(covered, 4), "curve": trainer.state.curve}
-    save_head(out, trainer.head, target, command, valid=report)
+    init = None if args.init is None else _lineage(Path(args.init))
+    save_head(out, trainer.head, target, command, valid=report, init=init)
     say(f"wrote {out}")
     if args.json:
         print(json.dumps(report))
@@ -185,6 +197,12 @@ def evaluate(args: argparse.Namespace, target: Target, files: list[Path], say) -
     return EXIT_OK
 
 
+def _lineage(path: Path) -> str:
+    """The commands that made the head at ``path``, one per line, oldest first."""
+    meta = read_meta(path)
+    return "\n".join(filter(None, [meta.get("init"), meta.get("command")]))
+
+
 #: The options that decide what a run trains, in the order the recorded command gives them.
 _RECORDED = (
     "model", "dtype", "glob", "max_tokens", "seq_len", "valid_every", "draft_vocab", "steps",
@@ -195,6 +213,8 @@ _RECORDED = (
 def _command(args: argparse.Namespace) -> str:
     """The command line that reproduces this run (paths of the data as given)."""
     parts = ["specd", "train", "eagle", "--data", *args.data, "--out", args.out]
+    if args.init is not None:
+        parts += ["--init", args.init]
     for name in _RECORDED:
         value = getattr(args, name)
         if value is not None:

@@ -2,8 +2,9 @@
 
 Metadata keys: ``format`` (``specd-eagle-head/1``), ``target`` (the model name as given to
 ``--model``), ``target_hash`` (:func:`weights_hash` of the target), ``command`` (the command
-line that trained it), ``config`` (the head's shapes, JSON) and ``valid`` (figures measured
-on the validation split, JSON). Loading a head for a target with another weights hash is
+line that trained it), ``init`` (only when training started from another head: the commands
+that made that head, one per line, oldest first), ``config`` (the head's shapes, JSON) and
+``valid`` (figures measured on the validation split, JSON). Loading a head for a target with another weights hash is
 refused with :class:`HeadMismatchError`, naming both.
 """
 
@@ -53,7 +54,12 @@ def weights_hash(target: Target) -> str:
 
 
 def save_head(
-    path: Path, head: EagleHead, target: Target, command: str, valid: dict | None = None
+    path: Path,
+    head: EagleHead,
+    target: Target,
+    command: str,
+    valid: dict | None = None,
+    init: str | None = None,
 ) -> None:
     """Write ``head`` in bfloat16 (the draft vocabulary as int32)."""
     tensors = {
@@ -68,6 +74,8 @@ def save_head(
         "config": head.config.to_json(),
         "valid": json.dumps(valid or {}, sort_keys=True),
     }
+    if init is not None:
+        meta["init"] = init
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     save_file(tensors, str(tmp), metadata=meta)
