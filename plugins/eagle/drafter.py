@@ -81,7 +81,8 @@ class EagleDrafter(Drafter):
         self._k: torch.Tensor | None = None  # [1, kv, S, D] keys of the head's entries
         self._v: torch.Tensor | None = None
         self._pos: list[int] = []  # position of each true entry (ascending)
-        self._outs: list[torch.Tensor] = []  # [H] the head's output for each true entry
+        # [H] the head's output for each true entry (None: not computed, see _root)
+        self._outs: list[torch.Tensor | None] = []
         self._ins: list[torch.Tensor] = []  # [H] the target feature each true entry read
         self._tokens: list[int] = []  # the sequence the entries describe
         self._feat: torch.Tensor | None = None  # [P, H] features not yet fed
@@ -186,9 +187,11 @@ class EagleDrafter(Drafter):
         if first < last:
             feat = self._feat[first - start : last - start]
             nxt = torch.tensor(tokens[first + 1 : last + 1], device=feat.device)
-            out = self._entries(feat, nxt, list(range(first, last)), None)
+            # only the newest entry's output is read (the root of the next draft): the
+            # others need their keys and values, not the layer's attention and MLP
+            out = self._entries(feat, nxt, list(range(first, last)), None, last_only=True)
             self._pos.extend(range(first, last))
-            self._outs.extend(out)
+            self._outs.extend([None] * (last - first - 1) + [out[-1]])
             self._ins.extend(feat)
         if last >= end:
             self._feat = None
@@ -201,12 +204,14 @@ class EagleDrafter(Drafter):
         tokens: torch.Tensor,
         positions: list[int],
         ancestors: list[list[int]] | None,
+        last_only: bool = False,
     ) -> torch.Tensor:
         """Run the head over new entries and append them to its cache.
 
         :param ancestors: per entry, the cache indices of the draft entries it may see
             besides the true ones (None: true entries in causal order).
-        :returns: the predicted next features ``[T, H]``."""
+        :param last_only: compute the output of the last entry only.
+        :returns: the predicted next features ``[T, H]`` (``[1, H]`` with ``last_only``)."""
         head = self._head
         assert head is not None
         x = head.entries(feat[None], self._embed[tokens][None])  # [1, T, H]
@@ -227,12 +232,31 @@ class EagleDrafter(Drafter):
                 mask[row, seen] = True
                 mask[row, old + row] = True
         mask[:, : min(lo, old)] = False
+        if last_only:
+            x, q, mask = x[:, -1:], q[:, :, -1:], mask[-1:]
         return head.finish(x, q, self._k, self._v, mask)[0]
+
+    def _root(self) -> torch.Tensor:
+        """The newest true entry's output ``[H]``, computed now if its batch skipped it (a
+        request that kept entries up to one fed in the middle of a batch)."""
+        out = self._outs[-1]
+        if out is None:
+            head = self._head
+            assert head is not None and self._k is not None and self._v is not None
+            n, p = len(self._pos), self._pos[-1]
+            tok = torch.tensor([self._tokens[p + 1]], device=self._ins[-1].device)
+            x = head.entries(self._ins[-1][None, None], self._embed[tok][None])
+            q, _, _ = head.keys_values(x, torch.tensor([p], device=x.device))
+            mask = torch.ones(1, n, dtype=torch.bool, device=x.device)
+            mask[:, : max(0, n - 1 - self.window)] = False
+            out = head.finish(x, q, self._k[:, :, :n], self._v[:, :, :n], mask)[0, 0]
+            self._outs[-1] = out
+        return out
 
     def _tree(self, ctx: DraftContext, budget: int, pending: int) -> list[_Node]:
         nodes: list[_Node] = []
         floor = math.log(self.min_prob) if self.min_prob > 0 else -math.inf
-        root = self._outs[-1][None]
+        root = self._root()[None]
         frontier = self._children(-1, root[0], self._logp(root)[0], 0.0, 1, nodes)
         for depth in range(2, budget + 1):
             # a child is never more probable than its parent: expand only nodes over the floor
@@ -297,7 +321,7 @@ class EagleDrafter(Drafter):
         return outs
 
     def _chain(self, ctx: DraftContext, budget: int, pending: int) -> Draft | None:
-        feat = self._outs[-1]
+        feat = self._root()
         vocab = self._head.draft_vocab  # type: ignore[union-attr]
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
