@@ -92,3 +92,20 @@ def test_greedy_hybrid_is_identical_to_plain(prompt):
     spec = engine.generate(prompt, params, drafter="hybrid")
     assert spec.stats.fallback is None and spec.stats.drafted > 0
     assert spec.token_ids == engine.generate(prompt, params, drafter="none").token_ids
+
+
+def test_a_one_token_ngram_match_leaves_the_step_to_the_next_part():
+    """Inside hybrid the n-gram part matches at least two tokens (``PART_DEFAULTS``): a
+    continuation found from one token is a weak guess, and the head guesses better there."""
+    tokens = [1, 2, 3, 1]  # the last token seen once before: a one-token match only
+    for options, asked in (({}, True), ({"ngram.min_n": 1}, False)):
+        h = HybridDrafter(drafters="ngram,eagle", **{"eagle.head": "random", **options})
+        second = Fixed(Draft.chain([9, 9]))
+        h.parts[1] = second
+        c = DraftContext(
+            tokens=tokens, params=SamplingParams(), generator=torch.Generator(), vocab_size=VOCAB
+        )
+        h.parts[0].start(c)
+        draft = h.propose(c, 4)
+        assert (second.budgets != []) is asked, options
+        assert draft.tokens[0] == (9 if asked else 2)

@@ -8,6 +8,10 @@ not run). Deterministic drafts asked so far are merged into one token tree, earl
 nodes first, equal paths shared; a draft that carries q (sampled decoding) cannot share a
 tree with others, so it is used alone. Every part hears of every request
 start, commit and finish, so each keeps its own state in step.
+
+Parts named in :data:`PART_DEFAULTS` get those options unless given others: the n-gram part
+matches at least two tokens, so a one-token match (a weak guess) leaves the step to the
+parts after it.
 """
 
 from __future__ import annotations
@@ -16,6 +20,9 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from specd import BadInputError, Draft, DraftContext, Drafter, make_drafter
+
+#: Options of parts that differ from the part's own defaults inside ``hybrid``.
+PART_DEFAULTS: dict[str, dict[str, Any]] = {"ngram": {"min_n": 2}}
 
 
 class HybridDrafter(Drafter):
@@ -38,7 +45,7 @@ class HybridDrafter(Drafter):
         names = [n.strip() for n in str(drafters).split(",") if n.strip()]
         if not names or self.name in names:
             raise BadInputError(f"hybrid needs other drafters to combine, got {drafters!r}")
-        opts: dict[str, dict[str, Any]] = {n: {} for n in names}
+        opts: dict[str, dict[str, Any]] = {n: dict(PART_DEFAULTS.get(n, {})) for n in names}
         for key, value in part_options.items():
             part, _, option = key.partition(".")
             if part not in opts or not option:
