@@ -103,6 +103,8 @@ def run(args: argparse.Namespace) -> int:
     ).target
     if args.evaluate:
         return evaluate(args, target, files, say)
+    # read before the corpus: a head that cannot be used ends the run before any extraction
+    start = None if args.init is None else load_head(Path(args.init), target)
     corpus = features.build_corpus(
         target,
         files,
@@ -123,8 +125,8 @@ def run(args: argparse.Namespace) -> int:
     )
 
     counts = torch.bincount(train["labels"].reshape(-1).long(), minlength=target.vocab_size)
-    if args.init is not None:
-        head = load_head(Path(args.init), target)
+    if start is not None:
+        head = start
         vocab = head.draft_vocab.long()
         say(f"starting from {args.init} ({read_meta(Path(args.init))['command']})")
     else:
