@@ -4,8 +4,8 @@ Metadata keys: ``format`` (``specd-eagle-head/1``), ``target`` (the model name a
 ``--model``), ``target_hash`` (:func:`weights_hash` of the target), ``command`` (the command
 line that trained it), ``init`` (only when training started from another head: the commands
 that made that head, one per line, oldest first), ``config`` (the head's shapes, JSON) and
-``valid`` (figures measured on the validation split, JSON). Loading a head for a target with another weights hash is
-refused with :class:`HeadMismatchError`, naming both.
+``valid`` (figures measured on the validation split, JSON). Loading a head for a target
+with another weights hash is refused with :class:`HeadMismatchError`, naming both.
 """
 
 from __future__ import annotations
