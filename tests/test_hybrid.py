@@ -109,3 +109,14 @@ def test_a_one_token_ngram_match_leaves_the_step_to_the_next_part():
         draft = h.propose(c, 4)
         assert (second.budgets != []) is asked, options
         assert draft.tokens[0] == (9 if asked else 2)
+
+
+def test_the_ngram_default_gives_way_to_a_shorter_max_n():
+    """Bug guarded: ``ngram.max_n=1`` inside hybrid was refused for a ``min_n`` the user
+    never gave."""
+    h = HybridDrafter(drafters="ngram", **{"ngram.max_n": 1})
+    assert (h.parts[0].min_n, h.parts[0].max_n) == (1, 1)
+    h = HybridDrafter(drafters="ngram", **{"ngram.max_n": 6})
+    assert (h.parts[0].min_n, h.parts[0].max_n) == (2, 6)
+    with pytest.raises(BadInputError, match="min_n"):
+        HybridDrafter(drafters="ngram", **{"ngram.min_n": 3, "ngram.max_n": 2})

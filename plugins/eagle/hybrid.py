@@ -53,6 +53,10 @@ class HybridDrafter(Drafter):
                     f"hybrid option {key!r}: expected PART.KEY with PART one of {', '.join(names)}"
                 )
             opts[part][option] = value
+        ngram = opts.get("ngram")
+        if ngram is not None and "max_n" in ngram and "ngram.min_n" not in part_options:
+            # the default never contradicts what was given: ngram.max_n=1 matches one token
+            ngram["min_n"] = min(ngram["min_n"], int(ngram["max_n"]))
         self.parts = [make_drafter(n, opts[n] or None) for n in names]
         self.min_len = max(1, int(min_len))
 
