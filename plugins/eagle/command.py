@@ -105,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
         return evaluate(args, target, files, say)
     # read before the corpus: a head that cannot be used ends the run before any extraction
     start = None if args.init is None else load_head(Path(args.init), target)
+    lineage = None if args.init is None else _lineage(Path(args.init))
     corpus = features.build_corpus(
         target,
         files,
@@ -128,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     if start is not None:
         head = start
         vocab = head.draft_vocab.long()
-        say(f"starting from {args.init} ({read_meta(Path(args.init))['command']})")
+        say(f"starting from {args.init} ({lineage.splitlines()[-1] if lineage else 'no command'})")
     else:
         vocab = counts.argsort(descending=True)[: min(args.draft_vocab, target.vocab_size)]
         head = EagleHead(HeadConfig.for_target(target.config), vocab.sort().values)
@@ -159,8 +160,7 @@ def run(args: argparse.Namespace) -> int:
     report = trainer.run(say, checkpoint=lambda: trainer.save(ckpt))
     trainer.save(ckpt)
     report |= {"draft_vocab_coverage": round(covered, 4), "curve": trainer.state.curve}
-    init = None if args.init is None else _lineage(Path(args.init))
-    save_head(out, trainer.head, target, command, valid=report, init=init)
+    save_head(out, trainer.head, target, command, valid=report, init=lineage or None)
     say(f"wrote {out}")
     if args.json:
         print(json.dumps(report))
