@@ -129,7 +129,9 @@ class ExitPolicy:
         return True
 
     def observe(self, drafted: int, accepted: int) -> None:
-        """The last step drafted ``drafted`` tokens and the target accepted ``accepted``."""
+        """The last step drafted ``drafted`` tokens deep and the target accepted ``accepted``
+        of them. For a tree, ``drafted`` is its deepest path (the most it could accept), not
+        its node count, so a tree is judged like a chain of that length."""
 
     def exit_layer(self, num_layers: int) -> int | None:
         """For early-exit drafting: the layer to exit at, or None for the drafter's default."""

@@ -238,7 +238,8 @@ class Speculation:
             return None
 
     def commit(self, ctx: DraftContext, new: list[int], drafted: int, accepted: int) -> None:
-        """Tell the policy how the step went and the drafter which tokens it committed."""
+        """Tell the policy how the step went (``drafted``: the draft's depth, its length for
+        a chain) and the drafter which tokens it committed."""
         if self.drafter is None:
             return
         try:

@@ -9,7 +9,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from specd import Draft, Drafter, Engine, SamplingParams, hookimpl
+from specd import Draft, Drafter, Engine, ExitPolicy, SamplingParams, hookimpl
 from specd.registry import get_plugin_manager
 from specd.tiny import tiny_target
 
@@ -43,7 +43,27 @@ class OracleTreeDrafter(Drafter):
             if len(tokens) < budget and self.rng.random() < 0.5:  # a random sibling branch
                 tokens.append(self.rng.randrange(VOCAB))
                 parents.append(parents[-1])
-        return Draft(tokens=tokens[:budget], parents=parents[:budget]) if tokens else None
+        draft = Draft(tokens=tokens[:budget], parents=parents[:budget]) if tokens else None
+        self.drafts.append(draft)
+        return draft
+
+    drafts: list[Draft | None] = []
+
+
+class RecordingPolicy(ExitPolicy):
+    """The full budget every step; remembers what each step reported."""
+
+    name = "test-recording"
+    seen: list[tuple[int, int]] = []
+
+    def start(self, max_budget):
+        self.max = max_budget
+
+    def draft_budget(self):
+        return self.max
+
+    def observe(self, drafted, accepted):
+        self.seen.append((drafted, accepted))
 
 
 class CacheReadingDrafter(Drafter):
@@ -62,6 +82,10 @@ class TestPlugin:
     def specd_register_drafters(self, register):
         register(OracleTreeDrafter)
         register(CacheReadingDrafter)
+
+    @hookimpl
+    def specd_register_exit_policies(self, register):
+        register(RecordingPolicy)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -119,6 +143,23 @@ def test_tree_drafts_are_identical_to_plain(engines, prompt, which, n, seed):
     # every step emits the draft tokens it accepted and one of the target's (drafts never
     # run past max_tokens, and these prompts have no stop)
     assert s.accepted <= s.drafted and s.new_tokens == s.accepted + s.target_steps
+
+
+def test_the_policy_judges_a_tree_by_its_deepest_path(engines):
+    # a tree of 6 nodes 3 deep that is accepted to its end was accepted whole: the policy
+    # must hear 3 drafted, not 6, or it shrinks the budget of every tree drafter
+    engine, prompt = engines[0], [1, 2, 3, 4, 5]
+    params = SamplingParams(max_tokens=24)
+    OracleTreeDrafter.reference = engine.generate(prompt, params, drafter="none").token_ids
+    OracleTreeDrafter.rng = random.Random(3)
+    OracleTreeDrafter.drafts, RecordingPolicy.seen = [], []
+    engine.generate(prompt, params, drafter="test-oracle-tree", exit_policy="test-recording")
+    drafts = OracleTreeDrafter.drafts
+    assert len(RecordingPolicy.seen) == len(drafts) > 0
+    assert any(d is not None and max(d.depths()) < len(d) for d in drafts)  # real trees
+    for d, (drafted, accepted) in zip(drafts, RecordingPolicy.seen):
+        assert drafted == (max(d.depths()) if d is not None else 0)
+        assert accepted <= drafted
 
 
 def test_ngram_speculation_on_a_repetitive_prompt_is_identical_and_counted(engines):
