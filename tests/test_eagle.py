@@ -107,6 +107,29 @@ def test_the_head_cache_follows_commits_rollbacks_and_requests(head_file, shape)
             torch.testing.assert_close(drafter._root(), fresh[len(drafter._pos) - 1])
 
 
+def test_a_long_prompt_feeds_only_the_window(head_file):
+    """Entries older than the window are never attended to, so a long prompt's catch-up
+    computes the last ``window`` only, at their true positions."""
+    window, prompt = 5, [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7]
+    drafter = EagleDrafter(head=head_file, window=window)
+    ctx = _ctx(prompt, SamplingParams())
+    feat = ctx.hidden
+    drafter.start(ctx)
+    assert drafter.propose(ctx, 2) is not None
+    pending = len(prompt) - 1
+    assert drafter._pos == list(range(pending - window, pending))
+    head = drafter._head
+    assert head is not None
+    with torch.inference_mode():
+        # the same entries from scratch: features of tokens j, embeddings of tokens j + 1
+        j = torch.arange(pending - window, pending)
+        emb = TARGET.model.get_input_embeddings().weight[torch.tensor(prompt)[j + 1]]
+        x = head.entries(feat[j][None], emb[None])
+        q, k, v = head.keys_values(x, j)
+        want = head.finish(x, q, k, v, None)[0, -1]
+    torch.testing.assert_close(drafter._outs[-1], want)
+
+
 def _ctx(prompt: list[int], params: SamplingParams) -> DraftContext:
     cache, hidden = TARGET.new_cache(), []
     TARGET.prefill(cache, prompt[:-1], None, hidden)

@@ -46,7 +46,8 @@ class EagleDrafter(Drafter):
     """:param head: path of a head file (default: the head shipped for the target's model;
     ``random``: an untrained head, for tests).
     :param topk: children per expanded node (greedy trees). :param width: nodes expanded
-    per depth (greedy trees). :param window: true entries the head attends to.
+    per depth (greedy trees). :param window: true entries the head attends to (older
+    ones are not fed at all).
     :param max_draft: cap on draft nodes per step.
     :param min_prob: greedy trees keep only nodes whose path probability under the head
         is at least this: each node widens the verify pass, which costs time on a CPU."""
@@ -182,8 +183,10 @@ class EagleDrafter(Drafter):
         if self._feat is None:
             return
         start, end = self._feat_start, self._feat_start + self._feat.shape[0]
-        first = max(start, self._pos[-1] + 1 if self._pos else 0)
         last = min(end, pending)  # exclusive: the pending token's feature comes later
+        # entries older than the window would never be attended to: a long prompt costs
+        # no more to catch up on than ``window`` tokens
+        first = max(start, self._pos[-1] + 1 if self._pos else 0, last - self.window)
         if first < last:
             feat = self._feat[first - start : last - start]
             nxt = torch.tensor(tokens[first + 1 : last + 1], device=feat.device)
