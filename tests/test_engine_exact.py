@@ -24,6 +24,7 @@ class OracleTreeDrafter(Drafter):
     reads_cache = False
     reference: list[int] = []
     rng = random.Random(0)
+    drafts: list[Draft | None] = []  # every draft proposed, in order
 
     def start(self, ctx):
         self.prompt_len = len(ctx.tokens)
@@ -47,8 +48,6 @@ class OracleTreeDrafter(Drafter):
         self.drafts.append(draft)
         return draft
 
-    drafts: list[Draft | None] = []
-
 
 class RecordingPolicy(ExitPolicy):
     """The full budget every step; remembers what each step reported."""
@@ -57,10 +56,10 @@ class RecordingPolicy(ExitPolicy):
     seen: list[tuple[int, int]] = []
 
     def start(self, max_budget):
-        self.max = max_budget
+        self.budget = max_budget
 
     def draft_budget(self):
-        return self.max
+        return self.budget
 
     def observe(self, drafted, accepted):
         self.seen.append((drafted, accepted))
