@@ -396,6 +396,5 @@ class Engine:
         drafted = len(step.draft) if step.draft is not None else 0
         depth = max(step.draft.depths()) if step.draft is not None else 0
         stats.record_step(drafted, depth, len(path))
-        # the policy judges a tree by its deepest path: the most it could have accepted
         spec.commit(ctx, new, depth, len(path))
         return new

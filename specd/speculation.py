@@ -237,13 +237,14 @@ class Speculation:
             self._give_up(str(e))
             return None
 
-    def commit(self, ctx: DraftContext, new: list[int], drafted: int, accepted: int) -> None:
-        """Tell the policy how the step went (``drafted``: the draft's depth, its length for
-        a chain) and the drafter which tokens it committed."""
+    def commit(self, ctx: DraftContext, new: list[int], depth: int, accepted: int) -> None:
+        """Tell the policy how the step went (``depth``: the draft's deepest path, its length
+        for a chain; a tree is judged like a chain of that length) and the drafter which
+        tokens it committed."""
         if self.drafter is None:
             return
         try:
-            self.guard.call(self.policy_key, self.policy.observe, drafted, accepted)
+            self.guard.call(self.policy_key, self.policy.observe, depth, accepted)
             self.guard.call(
                 self.drafter_key, self.drafter.commit, ctx, new, accepted, deadline=self.deadline
             )
