@@ -19,7 +19,7 @@ from specd.plugins.eagle.headfile import (
     shipped_head,
 )
 
-from specd import DraftContext, Engine, SamplingParams, Target
+from specd import BadInputError, DraftContext, Engine, SamplingParams, Target
 from specd.products import weight_major
 from specd.tiny import tiny_model, tiny_target
 
@@ -240,6 +240,12 @@ def test_a_head_for_another_target_is_refused(head_file):
     out = e.generate([1, 2, 3], SamplingParams(max_tokens=4), drafter="eagle")
     assert "trained for 'tiny'" in out.stats.fallback
     assert load_head(head_file, TARGET).draft_vocab.tolist() == list(range(DRAFT_VOCAB))
+
+
+def test_a_head_option_naming_no_file_is_the_users_error(tmp_path):
+    e = Engine(TARGET, drafter_options={"eagle": {"head": str(tmp_path / "none.safetensors")}})
+    with pytest.raises(BadInputError, match="head=.*none.safetensors.*no such file"):
+        e.generate([1, 2, 3], SamplingParams(max_tokens=2), drafter="eagle")
 
 
 def test_no_shipped_head_falls_back_with_the_command_to_train_one():

@@ -26,7 +26,7 @@ from typing import ClassVar
 
 import torch
 
-from specd import Draft, DraftContext, Drafter, Target, sample, warp
+from specd import BadInputError, Draft, DraftContext, Drafter, Target, sample, warp
 
 from .head import EagleHead
 from .headfile import RANDOM, load_head, random_head, shipped_head
@@ -67,6 +67,8 @@ class EagleDrafter(Drafter):
         min_prob: float = 0.0,
     ) -> None:
         self.head_path = None if head is None else Path(head)
+        if self.head_path is not None and head != RANDOM and not self.head_path.is_file():
+            raise BadInputError(f"eagle option head={head!r}: no such file")
         self.topk = max(1, int(topk))
         self.width = max(1, int(width))
         self.window = max(1, int(window))
