@@ -5,6 +5,7 @@ from .draft import Draft, Verdict
 from .engine import Engine
 from .errors import (
     BadInputError,
+    DrafterUnavailable,
     ModelNotFoundError,
     PluginError,
     SpecdError,
@@ -30,6 +31,7 @@ __all__ = [
     "Draft",
     "DraftContext",
     "Drafter",
+    "DrafterUnavailable",
     "Engine",
     "ExitPolicy",
     "Generation",

@@ -64,11 +64,13 @@ class Drafter:
 
     name: ClassVar[str] = ""
     #: True when the drafter needs ``ctx.hidden`` (the target's last hidden state).
-    wants_hidden: ClassVar[bool] = False
+    #: Read as each request starts, before :meth:`start`; an instance may change it.
+    wants_hidden: bool = False
     #: False when the drafter never reads ``ctx.target``'s cache (``ctx.cache``): its first
     #: draft may then be verified together with the last few prompt tokens, which the
     #: cache does not hold yet (one target pass instead of two on the next keystroke).
-    reads_cache: ClassVar[bool] = True
+    #: Read like ``wants_hidden``.
+    reads_cache: bool = True
 
     def start(self, ctx: DraftContext) -> None:
         """A request starts; ``ctx.tokens`` holds the prompt."""

@@ -21,3 +21,9 @@ class UnknownPluginError(BadInputError):
 
 class PluginError(SpecdError):
     """A plugin raised, returned garbage, or overran its time budget."""
+
+
+class DrafterUnavailable(PluginError):
+    """A drafter cannot draft for this target at all, e.g. no EAGLE head exists for the
+    model. Raised from :meth:`Drafter.start`: the engine disables the drafter for the session
+    (plain decoding, the reason logged in one line); ``hybrid`` drafts with its other parts."""

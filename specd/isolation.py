@@ -4,7 +4,8 @@ A plugin call that raises, returns garbage (its caller validates and raises
 :class:`PluginError`) or runs past its time limit counts as a failure: the error is logged
 once per plugin with its traceback, the caller falls back to plain decoding, and after
 ``failure_limit`` failures the plugin is disabled for the session. A call that overruns its
-limit disables the plugin at once.
+limit disables the plugin at once, as does a :class:`DrafterUnavailable` (logged as its
+message: the drafter cannot serve this target, which is no bug).
 
 Calls run inline, on the decoding thread: no thread hop per draft step. A watchdog thread
 interrupts a call that overruns its limit by raising :class:`PluginTimeout` inside it
@@ -23,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from .errors import PluginError
+from .errors import DrafterUnavailable, PluginError
 
 log = logging.getLogger("specd.plugins")
 
@@ -196,6 +197,11 @@ class PluginGuard:
         """Record a failure of plugin ``key``."""
         h = self.health(key)
         h.failures += 1
+        if isinstance(exc, DrafterUnavailable):  # it never will for this target: say why once
+            if not h.disabled:
+                h.disabled = h.logged = True
+                log.error("plugin %s disabled for this session: %s", key, exc)
+            return
         if not h.logged:
             h.logged = True
             log.error(

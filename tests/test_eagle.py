@@ -248,10 +248,18 @@ def test_a_head_option_naming_no_file_is_the_users_error(tmp_path):
         e.generate([1, 2, 3], SamplingParams(max_tokens=2), drafter="eagle")
 
 
-def test_no_shipped_head_falls_back_with_the_command_to_train_one():
+def test_no_shipped_head_falls_back_with_the_command_to_train_one(caplog):
     assert shipped_head(TARGET) is None
-    out = Engine(TARGET).generate([1, 2], SamplingParams(max_tokens=3), drafter="eagle")
-    assert "specd train eagle --model tiny" in out.stats.fallback
+    e = Engine(TARGET)
+    with caplog.at_level("ERROR", logger="specd.plugins"):
+        out = e.generate([1, 2], SamplingParams(max_tokens=3), drafter="eagle")
+        assert "specd train eagle --model tiny" in out.stats.fallback
+        e.generate([1, 2], SamplingParams(max_tokens=3), drafter="eagle")
+    # said once, in one line (no traceback: nothing is broken), and not tried again
+    (said,) = caplog.records
+    assert "disabled for this session: no EAGLE head ships" in said.getMessage()
+    assert said.exc_info is None
+    assert e.guard.health("drafter:eagle").calls == 1
 
 
 @pytest.mark.slow

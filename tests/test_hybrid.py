@@ -8,7 +8,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from specd.plugins.eagle.hybrid import HybridDrafter, merge
 
-from specd import BadInputError, Draft, DraftContext, Drafter, Engine, SamplingParams
+from specd import (
+    BadInputError,
+    Draft,
+    DraftContext,
+    Drafter,
+    DrafterUnavailable,
+    Engine,
+    SamplingParams,
+)
 from specd.tiny import tiny_target
 
 VOCAB = 48
@@ -114,9 +122,53 @@ def test_a_one_token_ngram_match_leaves_the_step_to_the_next_part():
 def test_the_ngram_default_gives_way_to_a_shorter_max_n():
     """Bug guarded: ``ngram.max_n=1`` inside hybrid was refused for a ``min_n`` the user
     never gave."""
-    h = HybridDrafter(drafters="ngram", **{"ngram.max_n": 1})
+    both = {"drafters": "ngram,eagle", "eagle.head": "random"}
+    h = HybridDrafter(**both, **{"ngram.max_n": 1})
     assert (h.parts[0].min_n, h.parts[0].max_n) == (1, 1)
-    h = HybridDrafter(drafters="ngram", **{"ngram.max_n": 6})
+    h = HybridDrafter(**both, **{"ngram.max_n": 6})
     assert (h.parts[0].min_n, h.parts[0].max_n) == (2, 6)
     with pytest.raises(BadInputError, match="min_n"):
-        HybridDrafter(drafters="ngram", **{"ngram.min_n": 3, "ngram.max_n": 2})
+        HybridDrafter(**both, **{"ngram.min_n": 3, "ngram.max_n": 2})
+
+
+def test_the_last_part_keeps_its_own_defaults():
+    """Nothing comes after the last part, so a weak guess of its own is better than none."""
+    assert HybridDrafter(drafters="ngram,eagle", **{"eagle.head": "random"}).parts[0].min_n == 2
+    assert HybridDrafter(drafters="eagle,ngram", **{"eagle.head": "random"}).parts[1].min_n == 1
+    assert HybridDrafter(drafters="ngram").parts[0].min_n == 1
+
+
+class Unavailable(Drafter):
+    """A part that cannot draft for any target."""
+
+    def start(self, ctx):
+        raise DrafterUnavailable("no head for this target")
+
+
+def test_a_part_that_cannot_serve_the_target_is_dropped_and_the_rest_draft_alone(caplog):
+    """Bug guarded: with no EAGLE head for the model every request fell back to plain
+    decoding instead of drafting with the n-grams."""
+    prompt = [3, 4, 5, 6, 3, 4, 5, 6, 3, 4]
+    params = SamplingParams(max_tokens=24)
+    ref = Engine(TARGET, drafter="ngram").generate(prompt, params)
+    engine = Engine(TARGET, drafter="hybrid")  # no head ships for the tiny target
+    h = engine.plugins.drafter("hybrid")
+    assert h.wants_hidden
+    with caplog.at_level("WARNING", logger="specd.plugins"):
+        for _ in range(2):
+            out = engine.generate(prompt, params)
+            assert out.token_ids == ref.token_ids
+            # it drafts as ngram alone does: same steps, same acceptance
+            assert out.stats.target_steps == ref.stats.target_steps
+    assert [p.name for p in h.parts] == ["ngram"] and h.parts[0].min_n == 1
+    assert not h.wants_hidden and not h.reads_cache
+    said = [r for r in caplog.records if "hybrid drafts without eagle" in r.getMessage()]
+    assert len(said) == 1 and "no EAGLE head ships" in said[0].getMessage()
+    assert not engine.guard.disabled("drafter:hybrid")
+
+
+def test_a_hybrid_with_no_part_left_is_unavailable_itself():
+    h = HybridDrafter(drafters="ngram")
+    h.names, h.parts = ["x"], [Unavailable()]
+    with pytest.raises(DrafterUnavailable):
+        h.start(ctx())

@@ -26,10 +26,19 @@ from typing import ClassVar
 
 import torch
 
-from specd import BadInputError, Draft, DraftContext, Drafter, Target, sample, warp
+from specd import (
+    BadInputError,
+    Draft,
+    DraftContext,
+    Drafter,
+    DrafterUnavailable,
+    Target,
+    sample,
+    warp,
+)
 
 from .head import EagleHead
-from .headfile import RANDOM, load_head, random_head, shipped_head
+from .headfile import RANDOM, HeadMismatchError, load_head, random_head, shipped_head
 
 
 @dataclass
@@ -98,12 +107,15 @@ class EagleDrafter(Drafter):
             else:
                 path = self.head_path or shipped_head(target)
                 if path is None:
-                    raise FileNotFoundError(
+                    raise DrafterUnavailable(
                         f"no EAGLE head ships for {target.name!r}; train one with "
                         f"'specd train eagle --model {target.name} --data PATH --out HEAD' and "
-                        "pass --drafter-option head=HEAD"
+                        "pass --drafter-option head=HEAD (eagle.head=HEAD for hybrid)"
                     )
-                self._head = load_head(path, target)
+                try:
+                    self._head = load_head(path, target)
+                except HeadMismatchError as e:
+                    raise DrafterUnavailable(str(e)) from e
             self._for = target
             model = target.model
             vocab = self._head.draft_vocab

@@ -9,17 +9,24 @@ nodes first, equal paths shared; a draft that carries q (sampled decoding) canno
 tree with others, so it is used alone. Every part hears of every request
 start, commit and finish, so each keeps its own state in step.
 
-Parts named in :data:`PART_DEFAULTS` get those options unless given others: the n-gram part
-matches at least two tokens, so a one-token match (a weak guess) leaves the step to the
-parts after it.
+Parts named in :data:`PART_DEFAULTS` get those options unless given others, when parts come
+after them: the n-gram part matches at least two tokens, so a one-token match (a weak
+guess) leaves the step to the parts after it.
+
+A part that cannot draft for the target (its ``start`` raises :class:`DrafterUnavailable`,
+e.g. ``eagle`` for a model with no head) is dropped for good, the reason logged once, and
+the rest draft as if named alone: ``hybrid`` on a model without a head drafts as ``ngram``.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from specd import BadInputError, Draft, DraftContext, Drafter, make_drafter
+from specd import BadInputError, Draft, DraftContext, Drafter, DrafterUnavailable, make_drafter
+
+log = logging.getLogger("specd.plugins")
 
 #: Options of parts that differ from the part's own defaults inside ``hybrid``.
 PART_DEFAULTS: dict[str, dict[str, Any]] = {"ngram": {"min_n": 2}}
@@ -32,8 +39,9 @@ class HybridDrafter(Drafter):
         ``eagle.head=HEAD`` (``--drafter-option eagle.head=HEAD``)."""
 
     name = "hybrid"
-    # Asking for the target's hidden states costs nothing extra; parts that need them get them.
+    # what its parts do (set per instance as parts come and go)
     wants_hidden = True
+    reads_cache = True
     conformance_options: ClassVar[dict[str, object]] = {"eagle.head": "random"}
 
     def __init__(
@@ -45,29 +53,57 @@ class HybridDrafter(Drafter):
         names = [n.strip() for n in str(drafters).split(",") if n.strip()]
         if not names or self.name in names:
             raise BadInputError(f"hybrid needs other drafters to combine, got {drafters!r}")
-        opts: dict[str, dict[str, Any]] = {n: dict(PART_DEFAULTS.get(n, {})) for n in names}
+        given: dict[str, dict[str, Any]] = {n: {} for n in names}
         for key, value in part_options.items():
             part, _, option = key.partition(".")
-            if part not in opts or not option:
+            if part not in given or not option:
                 raise BadInputError(
                     f"hybrid option {key!r}: expected PART.KEY with PART one of {', '.join(names)}"
                 )
-            opts[part][option] = value
-        ngram = opts.get("ngram")
-        if ngram is not None and "max_n" in ngram and "ngram.min_n" not in part_options:
-            # the default never contradicts what was given: ngram.max_n=1 matches one token
-            ngram["min_n"] = min(ngram["min_n"], int(ngram["max_n"]))
-        self.parts = [make_drafter(n, opts[n] or None) for n in names]
+            given[part][option] = value
+        self._given = given
         self.min_len = max(1, int(min_len))
+        self._build(names)
+
+    def _build(self, names: list[str]) -> None:
+        """(Re)build the parts ``names``, in this order, with their options."""
+        self.names = names
+        last = len(names) - 1
+        self.parts = [
+            make_drafter(n, self._options(n, i == last) or None) for i, n in enumerate(names)
+        ]
+        self.wants_hidden = any(p.wants_hidden for p in self.parts)
+        self.reads_cache = any(p.reads_cache for p in self.parts)
+
+    def _options(self, name: str, last: bool) -> dict[str, Any]:
+        given = self._given[name]
+        opts = {} if last else dict(PART_DEFAULTS.get(name, {}))
+        if name == "ngram" and "max_n" in given and "min_n" in opts:
+            # the default never contradicts what was given: ngram.max_n=1 matches one token
+            opts["min_n"] = min(opts["min_n"], int(given["max_n"]))
+        return opts | given
 
     def start(self, ctx: DraftContext) -> None:
         hidden = ctx.hidden
-        for part in self.parts:
+        i = 0
+        while i < len(self.parts):
             ctx.hidden = hidden  # each part may take it
-            part.start(ctx)
+            try:
+                self.parts[i].start(ctx)
+            except DrafterUnavailable as e:
+                rest = self.names[:i] + self.names[i + 1 :]
+                if not rest:
+                    raise
+                log.warning("hybrid drafts without %s: %s", self.names[i], e)
+                self._build(rest)  # the others as if named alone, started afresh
+                i = 0
+                continue
+            i += 1
         ctx.hidden = None
 
     def propose(self, ctx: DraftContext, budget: int) -> Draft | None:
+        if len(self.parts) == 1:
+            return self.parts[0].propose(ctx, budget)
         drafts: list[Draft] = []
         left = budget
         for part in self.parts:
