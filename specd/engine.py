@@ -64,7 +64,7 @@ class Engine:
         self,
         target: Target,
         *,
-        drafter: str = "ngram",
+        drafter: str = "hybrid",
         verifier: str | None = None,
         exit_policy: str = "adaptive",
         max_draft: int = 8,

@@ -75,8 +75,8 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("decoding")
     g.add_argument(
         "--drafter",
-        default="ngram",
-        help="drafter name, or 'none' for plain decoding (default: ngram)",
+        default="hybrid",
+        help="drafter name, or 'none' for plain decoding (default: hybrid)",
     )
     g.add_argument(
         "--drafter-option",

@@ -263,12 +263,12 @@ def test_a_drafter_whose_constructor_raises_falls_back(target):
 def test_bad_drafter_options_fail_when_the_request_is_made(target):
     from specd import BadInputError
 
-    engine = Engine(target, drafter_options={"ngram": {"no_such_option": 1}})
+    engine = Engine(target, drafter="ngram", drafter_options={"ngram": {"no_such_option": 1}})
     with pytest.raises(BadInputError, match="no_such_option"):
         engine.stream(PROMPT, PARAMS)
     assert len(engine.prefix_cache) == 0
     # a value the constructor cannot read is the user's error too, not a broken plugin
-    engine = Engine(target, drafter_options={"ngram": {"max_n": "abc"}})
+    engine = Engine(target, drafter="ngram", drafter_options={"ngram": {"max_n": "abc"}})
     with pytest.raises(BadInputError, match="max_n='abc'"):
         engine.stream(PROMPT, PARAMS)
 

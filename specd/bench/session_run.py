@@ -60,8 +60,9 @@ CONFIGS = (
     SessionConfig("no-read-ahead", {"read-ahead": False}),
     # the prompt's text before the cursor at its largest auto size, whatever the machine
     SessionConfig("prefix-1536", {"prefix-tokens": 1536}),
-    # n-grams where the text repeats and the EAGLE head elsewhere (docs/eagle.md)
-    SessionConfig("hybrid", args=("--drafter", "hybrid")),
+    # n-grams alone, without the EAGLE head the default drafter (hybrid) asks where they
+    # have no match (docs/eagle.md)
+    SessionConfig("ngram", args=("--drafter", "ngram")),
 )
 
 

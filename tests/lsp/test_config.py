@@ -150,6 +150,11 @@ def test_drafter_options_the_drafter_rejects_end_the_daemons_start():
     from specd import BadInputError, Engine
     from specd.tiny import tiny_target
 
-    engine = Engine(tiny_target(96, seed=0), drafter_options={"ngram": {"max_n": "four"}})
+    target = tiny_target(96, seed=0)
+    engine = Engine(target, drafter="ngram", drafter_options={"ngram": {"max_n": "four"}})
     with pytest.raises(BadInputError, match="max_n='four'"):
+        serve.warm_up(engine)
+    # the default drafter's parts take PART.KEY options
+    engine = Engine(target, drafter_options={"hybrid": {"max_n": 4}})
+    with pytest.raises(BadInputError, match="hybrid option 'max_n': expected PART.KEY"):
         serve.warm_up(engine)
