@@ -28,10 +28,13 @@ class DraftContext:
     to the length it found. ``hidden`` (for a drafter with ``wants_hidden``) holds the
     target's last hidden states ``[T, H]`` (after its final norm: what its LM head reads)
     of the T tokens just
-    before the pending one: at :meth:`Drafter.start` those of the prompt (the prefix cache keeps
-    them for reused tokens; when it has none, only the tokens the prefill computed), at
-    :meth:`Drafter.commit` those of the last step's pending token and accepted draft tokens,
-    from the verify pass. They cost no
+    before the first one the cache does not hold (row ``i`` belongs to
+    ``tokens[cache.length - T + i]``): at :meth:`Drafter.start` those of the prompt the
+    prefill computed (the prefix cache keeps them for reused tokens; when it has none, only
+    the tokens the prefill computed; for a drafter without ``reads_cache`` the prefill may
+    leave the last prompt tokens to the first step), at :meth:`Drafter.commit` those of the
+    last step's pending token and accepted draft tokens, preceded by the prompt tokens the
+    prefill left when it was the first step, from the verify pass. They cost no
     extra target work. ``corpus`` is extra text to draft from (open documents, recently
     accepted completions), or None.
     """

@@ -75,7 +75,8 @@ class Verdict:
 class Step:
     """What one target step decided, handed from ``Engine.verify`` to ``Engine.commit``."""
 
-    base: int  # cache length before the step: the pending token's position
+    base: int  # the pending token's position: the cache's length before the step + lead
     draft: Draft | None
     verdict: Verdict
-    hidden: torch.Tensor | None  # [1 + N, H] when the drafter wants hidden states
+    hidden: torch.Tensor | None  # [lead + 1 + N, H] when the drafter wants hidden states
+    lead: int = 0  # prompt tokens the prefill left to this step, fed before the pending one

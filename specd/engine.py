@@ -252,11 +252,12 @@ class Engine:
         t_start = time.perf_counter()
         stats = Stats(prompt_tokens=len(req.prompt), drafter=req.drafter)
         # a drafter that reads the target's features gets those of the prompt, too
-        wants_hidden = req.drafter_obj is not None and req.drafter_obj.wants_hidden
-        hidden: list[torch.Tensor] | None = [] if wants_hidden else None
-        # the last prompt tokens go with the first draft unless the drafter reads cache or features
         d = req.drafter_obj
-        leave = FEED_TOKENS - 1 if d is None or not (d.wants_hidden or d.reads_cache) else 0
+        hidden: list[torch.Tensor] | None = [] if d is not None and d.wants_hidden else None
+        # the last prompt tokens go with the first draft unless the drafter reads the cache, or
+        # features when sampling: a seed draws alike whether the prompt's were cached or not
+        feed = d is None or not (d.reads_cache or (d.wants_hidden and not req.params.greedy))
+        leave = FEED_TOKENS - 1 if feed else 0
         cache, stats.reused_tokens, why = self.prefill(req.prompt, req.stop_reason, hidden, leave)
         stats.prefill_s = time.perf_counter() - t_start
         if why:  # cancelled or out of time during prefill; what was computed stays cached
@@ -299,7 +300,6 @@ class Engine:
                 # draft: leave room for the verifier's own token (correction or bonus)
                 draft = spec.draft(ctx, room=out.room - 1)
                 t_drafted = time.perf_counter()
-                # verify: the pending token is the last committed one
                 step = self.verify(cache, fed, draft, spec, req.params, ctx.generator, guide)
                 stats.draft_s += t_drafted - t_step
                 stats.verify_s += time.perf_counter() - t_drafted
@@ -360,14 +360,14 @@ class Engine:
             parents = [*range(-1, lead)] + [p + 1 + lead if p >= 0 else lead for p in draft.parents]
         # tokens: [lead + 1 + N] -> logits, hidden: [lead + 1 + N, ...]
         out = self.target.forward(cache, tokens, parents, hidden=spec.wants_hidden)
-        logits, hidden = out.logits[lead:], None if out.hidden is None else out.hidden[lead:]
+        logits, hidden = out.logits[lead:], out.hidden  # hidden: the lead tokens' rows, too
         # p: [1 + N, V]; row 0 is the target's distribution at the root, row i + 1 after node i
         allowed = guide.allowed(draft, logits.device) if guide is not None else None
         p = self.distributions(logits, params, allowed)
         verdict = spec.verify(draft, p, generator) if draft is not None else None
         if verdict is None:
             verdict = Verdict(path=[], token=choose(p[0], params, generator))
-        return Step(base, draft, verdict, hidden)
+        return Step(base, draft, verdict, hidden, lead)
 
     def distributions(
         self, logits: torch.Tensor, params: SamplingParams, allowed: torch.Tensor | None = None
@@ -388,9 +388,9 @@ class Engine:
         cache.keep(step.base, [step.base] + [step.base + 1 + i for i in path])
         new = [step.draft.tokens[i] for i in path] if step.draft is not None else []
         new.append(step.verdict.token)
-        if step.hidden is not None:
-            ctx.hidden = step.hidden[[0] + [1 + i for i in path]]
-            if cache.features is not None and cache.features.shape[0] == step.base:
+        if step.hidden is not None:  # the lead tokens, the pending one, the accepted path
+            ctx.hidden = step.hidden[[*range(step.lead + 1), *(step.lead + 1 + i for i in path)]]
+            if cache.features is not None and cache.features.shape[0] == step.base - step.lead:
                 cache.features = torch.cat([cache.features, ctx.hidden])
         ctx.tokens.extend(new)
         drafted = len(step.draft) if step.draft is not None else 0

@@ -107,6 +107,36 @@ def test_the_head_cache_follows_commits_rollbacks_and_requests(head_file, shape)
             torch.testing.assert_close(drafter._root(), fresh[len(drafter._pos) - 1])
 
 
+def test_greedy_requests_feed_the_typed_tokens_with_the_first_step(head_file, monkeypatch):
+    """Bug guarded: for a drafter that reads features, the tokens typed since the cached
+    prompt were read in a prefill pass of their own, one target pass per keystroke more
+    than for ``ngram``. They now go with the first step, whose features the head gets at
+    its first commit."""
+    e, plain = engine(head_file), engine(head_file)
+    params = SamplingParams(max_tokens=12)
+    # longer than the shortest prefix the prefix cache reuses
+    prompt = [5, 9, 3, 7, 1, 2, 8, 4, 6, *range(10, 40)]
+    e.generate(prompt, params, drafter="eagle")
+    prefilled: list[int] = []
+    real = TARGET.prefill
+
+    def prefill(cache, tokens, *args, **kwargs):
+        prefilled.append(len(tokens))
+        return real(cache, tokens, *args, **kwargs)
+
+    monkeypatch.setattr(TARGET, "prefill", prefill)
+    for typed in (prompt + [7, 1], prompt + [7, 1, 2, 8, 4], prompt[:-3] + [6]):
+        prefilled.clear()
+        out = e.generate(typed, params, drafter="eagle")
+        assert sum(prefilled) == 0, typed  # nothing read apart from the steps
+        assert out.stats.drafted > 0
+        assert out.token_ids == plain.generate(typed, params, drafter="none").token_ids
+    # sampling reads the whole prompt first: a seed draws alike whatever was cached
+    prefilled.clear()
+    e.generate(prompt + [6, 6], SamplingParams(max_tokens=2, temperature=1.0, seed=1))
+    assert sum(prefilled) > 0
+
+
 def test_a_long_prompt_feeds_only_the_window(head_file):
     """Entries older than the window are never attended to, so a long prompt's catch-up
     computes the last ``window`` only, at their true positions."""

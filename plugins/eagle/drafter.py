@@ -63,6 +63,8 @@ class EagleDrafter(Drafter):
 
     name = "eagle"
     wants_hidden = True
+    # the target's features, never its cache: the first step may take the last prompt tokens
+    reads_cache = False
     # the conformance suite's tiny targets have no trained head
     conformance_options: ClassVar[dict[str, object]] = {"head": RANDOM}
 
@@ -132,12 +134,14 @@ class EagleDrafter(Drafter):
             self._v = self._v[:, :, :entries]  # type: ignore[index]
 
     def _take_features(self, ctx: DraftContext) -> None:
-        """Queue ``ctx.hidden``: the features of the tokens just before the pending one."""
+        """Queue ``ctx.hidden``: the features of the tokens just before the first one the
+        target's cache does not hold (the pending one, or prompt tokens the prefill left)."""
         hidden, ctx.hidden = ctx.hidden, None
         if hidden is None or hidden.shape[0] == 0:
             return
         feat = hidden  # the target's features: its last hidden states after the final norm
-        start = len(ctx.tokens) - 1 - feat.shape[0]
+        end = ctx.cache.length if ctx.cache is not None else len(ctx.tokens) - 1
+        start = end - feat.shape[0]
         if self._feat is not None and self._feat_start + self._feat.shape[0] == start:
             self._feat = torch.cat([self._feat, feat])
         else:
