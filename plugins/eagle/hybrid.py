@@ -39,9 +39,6 @@ class HybridDrafter(Drafter):
         ``eagle.head=HEAD`` (``--drafter-option eagle.head=HEAD``)."""
 
     name = "hybrid"
-    # what its parts do (set per instance as parts come and go)
-    wants_hidden = True
-    reads_cache = True
     conformance_options: ClassVar[dict[str, object]] = {"eagle.head": "random"}
 
     def __init__(
@@ -72,6 +69,7 @@ class HybridDrafter(Drafter):
         self.parts = [
             make_drafter(n, self._options(n, i == last) or None) for i, n in enumerate(names)
         ]
+        # what its parts do, as they come and go
         self.wants_hidden = any(p.wants_hidden for p in self.parts)
         self.reads_cache = any(p.reads_cache for p in self.parts)
 
