@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 SUPPORTED = frozenset({"llama", "qwen2", "mistral"})
 #: Row counts (tokens in one pass) that use prepacked weights, where they are faster: a
-#: verify pass of a few draft tokens. One or two rows stay with the weights as loaded.
+#: verify pass of a few draft tokens. One or two rows use them where that measures faster.
 PACKED_ROWS = range(3, products.PACK_ROWS + 1)
 #: Passes of more rows than :data:`PACKED_ROWS` (a prefill) use the same prepacked weights
 #: where they measure faster for this many rows.
@@ -135,6 +135,7 @@ class FastDecoder:
             _WEIGHT_MAJOR[key] = products.weight_major_is_faster(mlp)
         self._weight_major = self._cpu32 and _WEIGHT_MAJOR[key]
         self._packed: dict[int, torch.Tensor] = {}
+        self._packed_step = False  # whether passes of fewer rows than PACKED_ROWS use them
         self._packed_prefill = False  # whether passes past PACKED_ROWS use them too
 
     @property
@@ -144,20 +145,24 @@ class FastDecoder:
 
     @torch.no_grad()
     def pack(self, mode: str = "auto") -> bool:
-        """Keep oneDNN's blocked layout of each decoder weight for passes of a few tokens
-        (:data:`PACKED_ROWS`: verifying a draft): on one 2-vCPU EPYC a pass of 9 tokens took
-        61 ms instead of 91 at 1k context (``scripts/step_cost.py``); and for a prefill's
-        passes where that measures faster too (the same CPU: ~200 GFLOP/s against ~150 for
+        """Keep oneDNN's blocked layout of each decoder weight and of the LM head for passes
+        of a few tokens (:data:`PACKED_ROWS`: verifying a draft): on one 2-vCPU EPYC a pass
+        of 9 tokens took 61 ms instead of 91 at 1k context (``scripts/step_cost.py``); for
+        one- and two-token steps where that measures faster too (the same CPU: the step's
+        products ~18 ms instead of ~29 in isolation, the LM head 2.3 ms instead of 4.2); and
+        for a prefill's passes where that measures faster (~200 GFLOP/s against ~150 for
         256-1,024 rows). A copy of the weights: it costs their size in memory again.
 
-        :param mode: ``on`` (CPU float32 weights); ``auto``: also only where it measures at
-            least 10% faster and the weights are at most :data:`PACKED_MAX_BYTES`; ``off``.
+        :param mode: ``on`` (CPU float32 weights, every pass); ``auto``: only where it
+            measures at least 10% faster, for each kind of pass, and the weights are at most
+            :data:`PACKED_MAX_BYTES`; ``off``.
         :returns: whether the packed weights are in use.
         """
-        self._packed, self._packed_prefill = {}, False
+        self._packed, self._packed_step, self._packed_prefill = {}, False, False
         weights = [m for L in self.layers for m in (L.wq, L.wk, L.wv, L.wo, L.wg, L.wu, L.wd)]
         if mode == "off" or not self._cpu32 or not products.packable():
             return False
+        weights.append(self.lm_head)
         size = sum(m.numel() * m.element_size() for m in weights)
         mlp = [m for L in self.layers for m in (L.wg, L.wu, L.wd)][:24]
         if mode == "auto":
@@ -165,11 +170,16 @@ class FastDecoder:
                 return False
         for m in weights:
             self._packed.setdefault(m.data_ptr(), products.pack(m))
+        self._packed_step = mode == "on" or products.packed_is_faster(
+            mlp[:12] + [self.lm_head], self._linear, (1, 2), packed=self._packed
+        )
         self._packed_prefill = mode == "on" or products.packed_is_faster(
             mlp[:6], self._linear, (PACKED_PREFILL_ROWS,), packed=self._packed
         )
-        what = "verify passes of a few tokens" + (" and prefills" if self._packed_prefill else "")
-        log.info("%s use prepacked weights (%d MB)", what, size >> 20)
+        uses = ["verify passes of a few tokens"]
+        uses += ["one-token steps"] if self._packed_step else []
+        uses += ["prefills"] if self._packed_prefill else []
+        log.info("%s use prepacked weights (%d MB)", ", ".join(uses), size >> 20)
         return True
 
     def _linear(
@@ -180,8 +190,8 @@ class FastDecoder:
         On some CPUs in float32, a product with a handful of rows is much faster computed
         as ``w @ x.T`` (MKL streamed the weight at ~29 GB/s instead of ~6-10 GB/s with
         ``F.linear`` on one machine), with one row padded to two; on others it is slower.
-        Which one runs is measured when the decoder is built, and so is whether passes of
-        3-16 rows use the prepacked weights.
+        Which one runs is measured when the decoder is built, and so is which passes use
+        the prepacked weights (:meth:`pack`).
         """
         lead = x.shape[:-1]
         rows = x.reshape(-1, x.shape[-1])
@@ -189,7 +199,11 @@ class FastDecoder:
         # (a compiled step, specd.compiled, leaves the products to its compiler)
         packed = None
         if self._packed and not torch.compiler.is_compiling():
-            if n in PACKED_ROWS or (n > PACKED_ROWS[-1] and self._packed_prefill):
+            if (
+                n in PACKED_ROWS
+                or (n < PACKED_ROWS[0] and self._packed_step)
+                or (n > PACKED_ROWS[-1] and self._packed_prefill)
+            ):
                 packed = self._packed.get(w.data_ptr())
         if packed is not None:
             return products.packed_linear(rows, packed, b).reshape(*lead, w.shape[0])

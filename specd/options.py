@@ -58,10 +58,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         "--packed-weights",
         choices=("auto", "on", "off"),
         default=None,
-        help="a second, prepacked copy of the weights for verify passes of 3-16 tokens and "
-        "prefills: faster on CPUs where oneDNN's product beats MKL's, for "
-        "the weights' size in memory again; auto: where it measures faster (default: auto "
-        "for specd serve, off elsewhere)",
+        help="a second, prepacked copy of the weights for verify passes of 3-16 tokens, "
+        "one-token steps and prefills: faster on CPUs where oneDNN's product beats MKL's, "
+        "for the weights' size in memory again; auto: for each kind of pass where it "
+        "measures faster (default: auto for specd serve, off elsewhere)",
     )
     g.add_argument(
         "--trust-remote-code",

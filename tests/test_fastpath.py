@@ -181,9 +181,9 @@ def test_prefill_dtype_needs_the_lean_forward():
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")
 @pytest.mark.parametrize("fed_len", [1, 2, 3, 8, 16, 17])
 def test_prepacked_weights_compute_what_the_loaded_ones_do(monkeypatch, fed_len):
-    """Passes of 3-16 tokens (a verify pass) and of more (a prefill) run on oneDNN's
-    prepacked copy of the weights (``--packed-weights on``, or ``auto`` where that measured
-    faster); the logits are the loaded weights' to float32 rounding."""
+    """Passes of one token (a step), of 3-16 (a verify pass) and of more (a prefill) run on
+    oneDNN's prepacked copy of the weights (``--packed-weights on``, or ``auto`` where that
+    measured faster); the logits are the loaded weights' to float32 rounding."""
     model = tiny_model(VOCAB, num_layers=2, seed=4).float()
     targets = {p: Target(model, CharTokenizer(VOCAB), fast=True) for p in (True, False)}
     assert targets[True].pack_weights("on") and not targets[False].pack_weights("off")
@@ -204,7 +204,7 @@ def test_prepacked_weights_compute_what_the_loaded_ones_do(monkeypatch, fed_len)
         assert bool(calls) == packed  # a prefill of 39 tokens
         calls.clear()
         outs.append(targets[packed].forward(cache, fed).logits)
-        assert bool(calls) == (packed and fed_len >= fastpath.PACKED_ROWS[0])
+        assert bool(calls) == packed
         calls.clear()
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-4, atol=1e-4)
 
@@ -225,6 +225,37 @@ def test_auto_packs_prefills_only_where_that_measures_faster(monkeypatch):
         target = Target(model, CharTokenizer(VOCAB), fast=True)
         assert target.pack_weights("auto")
         assert target.fast._packed_prefill == prefill_faster  # type: ignore[union-attr]
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")
+@pytest.mark.parametrize("step_faster", [True, False])
+def test_auto_packs_one_token_steps_only_where_that_measures_faster(monkeypatch, step_faster):
+    """``auto`` times one- and two-row products (the decoder's and the LM head's) on their
+    own: where the prepacked copy is not faster for them, a step keeps the loaded weights
+    while a verify pass of 3-16 tokens still uses it."""
+    model = tiny_model(VOCAB, num_layers=2, seed=4).float()
+    asked = []
+
+    def faster(weights, linear, rows=(8, 12), **_):
+        asked.append(rows)
+        return step_faster or rows != (1, 2)
+
+    monkeypatch.setattr(products, "packed_is_faster", faster)
+    target = Target(model, CharTokenizer(VOCAB), fast=True)
+    assert target.pack_weights("auto") and (1, 2) in asked
+    calls = []
+    monkeypatch.setattr(
+        torch.ops.mkldnn,
+        "_linear_pointwise",
+        lambda *a, real=torch.ops.mkldnn._linear_pointwise: calls.append(1) or real(*a),
+    )
+    cache = target.new_cache(capacity=64)
+    target.prefill(cache, list(range(1, 40)))
+    for fed, expected in (([5], step_faster), ([5, 6, 7, 8], True)):
+        calls.clear()
+        target.forward(cache, fed)
+        # every decoder weight and the LM head, when used
+        assert len(calls) == (2 * 7 + 1 if expected else 0)
 
 
 def test_decoders_of_one_model_use_the_same_products(monkeypatch):
