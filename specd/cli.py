@@ -16,7 +16,7 @@ import logging
 import sys
 from pathlib import Path
 
-from . import registry
+from . import allocator, registry
 from .bench import command as bench_command
 from .conformance import command as verify_command
 from .errors import BadInputError, ModelNotFoundError, SpecdError
@@ -137,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=level, format="specd: %(levelname)s %(name)s: %(message)s")
     if args.verbose == 0:
         _quiet_libraries()
+    allocator.keep_freed_memory()
     try:
         return int(args.func(args))
     except (BadInputError, ModelNotFoundError) as e:
