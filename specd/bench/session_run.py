@@ -63,6 +63,9 @@ CONFIGS = (
     # n-grams alone, without the EAGLE head the default drafter (hybrid) asks where they
     # have no match (docs/eagle.md)
     SessionConfig("ngram", args=("--drafter", "ngram")),
+    # the prompt read in bfloat16, the suggestions written in float32: faster prefills on
+    # CPUs with bfloat16 products, not token-identical (docs/benchmarks.md, bfloat16)
+    SessionConfig("bf16-prefill", args=("--prefill-dtype", "bfloat16")),
 )
 
 
