@@ -5,7 +5,7 @@ freed memory at the top of its heap back to the system, so each of a prefill's l
 activations (a ``[1024, 1536]`` float32 tensor is 6 MB) faults its pages in again, every
 layer. Keeping up to :data:`MMAP_THRESHOLD` on the heap, and up to :data:`TRIM_THRESHOLD`
 of freed memory in the process, lets the next layer reuse those pages: on a 2-vCPU AMD
-EPYC a prefill of 1,024 tokens took 0.95-1.10 s instead of 1.15-1.28 s (docs/benchmarks.md).
+EPYC a prefill of 1,024 tokens took 0.89-0.96 s instead of 1.03-1.14 s (docs/benchmarks.md).
 The price is resident memory that stays after a peak, at most :data:`TRIM_THRESHOLD`.
 
 ``SPECD_MALLOC=system`` leaves the allocator as it is; elsewhere than glibc it is left as

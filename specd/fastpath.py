@@ -149,7 +149,7 @@ class FastDecoder:
         of a few tokens (:data:`PACKED_ROWS`: verifying a draft): on one 2-vCPU EPYC a pass
         of 9 tokens took 61 ms instead of 91 at 1k context (``scripts/step_cost.py``); for
         one- and two-token steps where that measures faster too (the same CPU: the step's
-        products ~18 ms instead of ~29 in isolation, the LM head 2.3 ms instead of 4.2); and
+        products ~18 ms instead of ~27 in isolation, the LM head 2.3 ms instead of 4.2); and
         for a prefill's passes where that measures faster (~200 GFLOP/s against ~150 for
         256-1,024 rows). A copy of the weights: it costs their size in memory again.
 

@@ -6,19 +6,12 @@ import pytest
 from specd import allocator
 
 
-def _run(code: str, env: dict[str, str] | None = None) -> str:
-    import os
-
-    full = {**os.environ, **(env or {})}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full)
-    assert out.returncode == 0, out.stderr
-    return out.stdout.strip()
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
 def test_the_allocator_takes_the_thresholds_in_a_fresh_process():
     code = "from specd import allocator; print(allocator.keep_freed_memory())"
-    assert _run(code) == "True"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "True"
 
 
 def test_specd_malloc_system_leaves_the_allocator_alone(monkeypatch):
