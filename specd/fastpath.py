@@ -137,6 +137,9 @@ class FastDecoder:
         self._packed: dict[int, torch.Tensor] = {}
         self._packed_step = False  # whether passes of fewer rows than PACKED_ROWS use them
         self._packed_prefill = False  # whether passes past PACKED_ROWS use them too
+        # One-token steps compiled for a CPU (specd.compiled) compute products and attention
+        # as plain reductions the compiler fuses.
+        self._cpu_compiled = self.embed.device.type == "cpu"
 
     @property
     def weight_major(self) -> bool:
@@ -196,9 +199,16 @@ class FastDecoder:
         lead = x.shape[:-1]
         rows = x.reshape(-1, x.shape[-1])
         n = rows.shape[0]
-        # (a compiled step, specd.compiled, leaves the products to its compiler)
+        if torch.compiler.is_compiling():
+            if n == 1 and self._cpu_compiled:
+                # One row, compiled on a CPU: a reduction over each weight row, which the
+                # compiler turns into one vectorised loop streaming the weight (MKL's and
+                # oneDNN's one-row products stream it at half a plain read's speed).
+                y = (w * rows).sum(-1)
+                return (y if b is None else y + b).reshape(*lead, w.shape[0])
+            return F.linear(x, w, b)  # several rows: the compiler's own product
         packed = None
-        if self._packed and not torch.compiler.is_compiling():
+        if self._packed:
             if (
                 n in PACKED_ROWS
                 or (n < PACKED_ROWS[0] and self._packed_step)
@@ -319,6 +329,13 @@ class FastDecoder:
         n_rep = self.n_heads // self.n_kv
         packed = q.reshape(1, self.n_kv, n_rep * t, self.head_dim)  # [1, KV, R*T, D]
         keys, values = keys.to(q.dtype), values.to(q.dtype)
+        if t == 1 and self._cpu_compiled and torch.compiler.is_compiling():
+            # Compiled into two passes over the cache; the CPU's flash-attention kernel
+            # reads a one-token step's keys and values at a fifth of memory speed.
+            s = ((packed * self.scaling)[:, :, :, None] * keys[:, :, None]).sum(-1)  # [1,KV,R,S]
+            p = torch.softmax(s if mask is None else s + mask, dim=-1)
+            o = (p[..., None] * values[:, :, None]).sum(-2)  # [1, KV, R, D]
+            return o.view(1, self.n_heads, t, self.head_dim)
         o = F.scaled_dot_product_attention(packed, keys, values, attn_mask=mask, scale=self.scaling)
         return o.view(1, self.n_heads, t, self.head_dim)
 

@@ -92,14 +92,26 @@ def test_greedy_output_is_identical_to_plain_decoding():
 
 @pytest.mark.compile
 def test_inductor_step_equals_the_eager_step():
-    """torch.compile's graphs (dynamic shapes: one for a single token, one for several)
-    serve every cache length and draft size without recompiling (a recompile while serving
-    is refused and turns the step off), and compute what the eager step computes, to
-    float32 rounding (fused kernels sum in another order)."""
-    eager, compiled = targets("inductor", layers=1, dtype=torch.float32)
-    assert compiled.compiled.compile_s is not None
+    """On a CPU torch.compile's one graph (dynamic shapes, the one-token step written as
+    reductions) serves every cache length without recompiling (a recompile while serving is
+    refused and turns the step off), passes of several tokens run eager beside it, and
+    every pass computes what the eager step computes, to float32 rounding (fused kernels
+    sum in another order)."""
+    eager, compiled = targets("inductor", layers=2, dtype=torch.float32)
+    step = compiled.compiled
+    assert step.compile_s is not None and step.max_tokens == 1
     assert replay_session(eager, compiled, seed=7, steps=8, tol=1e-5) == 8
-    assert compiled.compiled.ready, compiled.compiled.reason
+    caches = [t.new_cache(capacity=8) for t in (eager, compiled)]
+    for target, cache in zip((eager, compiled), caches, strict=True):
+        target.prefill(cache, [3, 1, 4, 1, 5])
+    served = step.served
+    for i in range(12):  # past the buffer's capacity: it grows, the graph still serves
+        fed = [i % VOCAB] if i % 3 else [i % VOCAB, 7, 9]
+        want, got = (t.forward(c, fed, hidden=True) for t, c in zip((eager, compiled), caches))
+        torch.testing.assert_close(got.logits, want.logits, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got.hidden, want.hidden, rtol=1e-5, atol=1e-5)
+    assert step.served - served == 8  # the one-token passes, not the three-token ones
+    assert step.ready, step.reason
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (scripts/gpu_bench.sh)")

@@ -66,6 +66,9 @@ CONFIGS = (
     # the prompt read in bfloat16, the suggestions written in float32: faster prefills on
     # CPUs with bfloat16 products, not token-identical (docs/benchmarks.md, bfloat16)
     SessionConfig("bf16-prefill", args=("--prefill-dtype", "bfloat16")),
+    # the compiled one-token step (specd.compiled), compiled before the daemon answers
+    # `initialize`: its compile counts in the start-up time, not in another daemon's turn
+    SessionConfig("compiled", args=("--compile", "on")),
 )
 
 
