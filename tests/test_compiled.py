@@ -94,9 +94,10 @@ def test_greedy_output_is_identical_to_plain_decoding():
 def test_inductor_step_equals_the_eager_step():
     """On a CPU torch.compile's one graph (dynamic shapes, the one-token step written as
     reductions) serves every cache length without recompiling (a recompile while serving is
-    refused and turns the step off), passes of several tokens run eager beside it, and
-    every pass computes what the eager step computes, to float32 rounding (fused kernels
-    sum in another order)."""
+    refused and turns the step off), passes of several tokens run eager beside it, every
+    pass computes what the eager step computes, to float32 rounding (fused kernels sum in
+    another order), and the engine's greedy output stays token-identical to plain
+    decoding."""
     eager, compiled = targets("inductor", layers=2, dtype=torch.float32)
     step = compiled.compiled
     assert step.compile_s is not None and step.max_tokens == 1
@@ -111,6 +112,14 @@ def test_inductor_step_equals_the_eager_step():
         torch.testing.assert_close(got.logits, want.logits, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(got.hidden, want.hidden, rtol=1e-5, atol=1e-5)
     assert step.served - served == 8  # the one-token passes, not the three-token ones
+    # greedy output through the engine: token-identical to plain eager decoding
+    params = SamplingParams(max_tokens=40)
+    plain = Engine(eager, drafter="none").generate("abcabcabd abcab", params)
+    served = step.served
+    for drafter in ("none", "ngram"):
+        out = Engine(compiled, drafter=drafter).generate("abcabcabd abcab", params)
+        assert out.token_ids == plain.token_ids, drafter
+    assert step.served - served >= 39  # plain decoding's steps ran compiled
     assert step.ready, step.reason
 
 
