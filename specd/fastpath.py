@@ -137,9 +137,9 @@ class FastDecoder:
         self._packed: dict[int, torch.Tensor] = {}
         self._packed_step = False  # whether passes of fewer rows than PACKED_ROWS use them
         self._packed_prefill = False  # whether passes past PACKED_ROWS use them too
-        # One-token steps compiled for a CPU (specd.compiled) compute products and attention
-        # as plain reductions the compiler fuses.
-        self._cpu_compiled = self.embed.device.type == "cpu"
+        # On a CPU, a compiled one-token step (specd.compiled) computes products and
+        # attention as plain reductions the compiler fuses.
+        self._cpu = self.embed.device.type == "cpu"
 
     @property
     def weight_major(self) -> bool:
@@ -200,7 +200,7 @@ class FastDecoder:
         rows = x.reshape(-1, x.shape[-1])
         n = rows.shape[0]
         if torch.compiler.is_compiling():
-            if n == 1 and self._cpu_compiled:
+            if n == 1 and self._cpu:
                 # One row, compiled on a CPU: a reduction over each weight row, which the
                 # compiler turns into one vectorised loop streaming the weight (MKL's and
                 # oneDNN's one-row products stream it at half a plain read's speed).
@@ -329,7 +329,7 @@ class FastDecoder:
         n_rep = self.n_heads // self.n_kv
         packed = q.reshape(1, self.n_kv, n_rep * t, self.head_dim)  # [1, KV, R*T, D]
         keys, values = keys.to(q.dtype), values.to(q.dtype)
-        if t == 1 and self._cpu_compiled and torch.compiler.is_compiling():
+        if t == 1 and self._cpu and torch.compiler.is_compiling():
             # Compiled into two passes over the cache; the CPU's flash-attention kernel
             # reads a one-token step's keys and values at a fifth of memory speed.
             s = ((packed * self.scaling)[:, :, :, None] * keys[:, :, None]).sum(-1)  # [1,KV,R,S]
