@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from . import products
+from . import cpu_kernels, products
 from .kvcache import KVCache
 
 log = logging.getLogger(__name__)
@@ -255,14 +255,21 @@ class FastDecoder:
         cos, sin = self.rotary_tables(h, position_ids)
         past = cache.length
         n_rep = self.n_heads // self.n_kv
+        # Prefills whose cached prefix every new token sees run the CPU attention kernel
+        # where it loads (specd.cpu_kernels).
+        kernel = cpu_kernels.supports(t, h.dtype, h.device, self.head_dim)
+        tree = None
+        if kernel and mask is not None:
+            kernel = past == 0 or not bool(mask[0, 0, :, :past].any())
+            tree = mask[0, 0, :, past:] == 0
         causal_from_zero = mask is None and t > 1 and past == 0
-        if mask is None and t > 1 and past > 0:
+        if mask is None and t > 1 and past > 0 and not kernel:
             # Additive, in the activations' dtype, built once per pass: a boolean mask would
             # be converted by every layer's attention call.
             blocked = torch.ones(t, past + t, dtype=torch.bool, device=h.device).triu_(past + 1)
             mask = torch.zeros(t, past + t, dtype=h.dtype, device=h.device)
             mask = mask.masked_fill_(blocked, torch.finfo(h.dtype).min)[None, None]
-        if mask is not None:
+        if mask is not None and not kernel:
             mask = self.pack_mask(mask)
         run = self.layers[:layers]
         cache_only = not logits and not hidden
@@ -271,7 +278,10 @@ class FastDecoder:
             keys, values = cache.layer(i).update(k, v)  # [1, KV, S, D]
             if cache_only and i == len(run) - 1:
                 return self.lm_head.new_empty(0, self.lm_head.shape[0]), None
-            if causal_from_zero:
+            if kernel:
+                k32, v32 = keys.to(q.dtype), values.to(q.dtype)
+                o = cpu_kernels.attention(q, k32, v32, self.scaling, tree)
+            elif causal_from_zero:
                 o = F.scaled_dot_product_attention(
                     q,
                     keys.to(q.dtype),

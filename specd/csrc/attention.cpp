@@ -1,0 +1,227 @@
+// Attention of a few to a few thousand new queries over a KV cache, float32, on x86-64 CPUs
+// with AVX-512 (specd/cpu_kernels.py builds and loads it).
+//
+// Flash-attention order: each task takes one query head and a block of up to BQ queries,
+// walks the keys it may see in blocks of BK with an online softmax, and writes its rows
+// once. Grouped-query attention reads each key/value head for all of its query heads. Keys
+// are transposed once per call, so a block's scores are a small matrix product whose
+// accumulators stay in registers.
+//
+// Visibility: key j is seen by new query i (at position past + i) when j < past (the
+// cache) or, among the new keys, when j - past <= i (a chain), or where the [T, T] mask
+// says so (a tree).
+
+#include <immintrin.h>
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <string.h>
+
+namespace {
+
+constexpr int BQ = 64;  // queries per task
+constexpr int BK = 64;  // keys per block: four vectors of 16
+constexpr int D = 64;   // head dimension
+constexpr int RM = 4;   // query rows per register tile
+
+// e^x for 16 lanes: 2^n * p(r), r = x - n ln 2 in [-ln2/2, ln2/2], p of degree 7 (about 1
+// ulp); lanes far below -87 give 0, as expf does.
+inline __m512 exp16(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+
+// Bits [lo, hi) set, 0 <= lo <= hi <= 64.
+inline uint64_t bits(int64_t lo, int64_t hi) {
+    if (hi <= lo) return 0;
+    const uint64_t upto = hi >= 64 ? ~0ull : ((1ull << hi) - 1);
+    return upto & ~((1ull << lo) - 1);
+}
+
+struct Args {
+    const float* q;  // [Hq, T, D] with strides q_h, q_t
+    int64_t q_h, q_t;
+    const float* kt;  // [KV, D, ldkt]: the keys, transposed
+    int64_t ldkt;
+    const float* v;  // [KV, S, D] with strides v_h, v_s
+    int64_t v_h, v_s;
+    float* out;  // [Hq, T, D] with strides o_h, o_t
+    int64_t o_h, o_t;
+    const uint8_t* tree;  // [T, T] or null (a chain)
+    int64_t T, past, rep;
+    float scale;
+};
+
+// Which keys of block [j0, j0 + nk) new query i sees, as bits from j0.
+inline uint64_t visible(const Args& a, int64_t i, int64_t j0, int64_t nk) {
+    const int64_t hi = j0 + nk;
+    uint64_t vis = bits(0, (hi < a.past ? hi : a.past) - j0);
+    if (hi <= a.past) return vis;
+    const int64_t s = j0 > a.past ? j0 : a.past;  // first new key in the block
+    if (a.tree == nullptr) {
+        const int64_t e = a.past + i + 1 < hi ? a.past + i + 1 : hi;
+        return vis | bits(s - j0, e - j0);
+    }
+    const int64_t n = hi - s;  // new keys in the block, at most 64
+    const __mmask64 load = n >= 64 ? ~0ull : ((1ull << n) - 1);
+    const __m512i row = _mm512_maskz_loadu_epi8(load, a.tree + i * a.T + (s - a.past));
+    const uint64_t seen = _mm512_test_epi8_mask(row, row);
+    return vis | (seen << (s - j0));
+}
+
+void task(const Args& a, int64_t h, int64_t i0, int64_t i1) {
+    alignas(64) float Q[BQ][D];
+    alignas(64) float P[BQ][BK];
+    alignas(64) float O[BQ][D];
+    float m[BQ], l[BQ];
+    const int64_t rows = i1 - i0;
+    const float* q = a.q + h * a.q_h;
+    const float* kt = a.kt + (h / a.rep) * D * a.ldkt;
+    const float* v = a.v + (h / a.rep) * a.v_h;
+    const __m512 scale = _mm512_set1_ps(a.scale);
+    for (int64_t r = 0; r < BQ; r++) {
+        for (int d = 0; d < D; d += 16) {
+            const __m512 x = r < rows ? _mm512_loadu_ps(q + (i0 + r) * a.q_t + d) : _mm512_setzero_ps();
+            _mm512_store_ps(&Q[r][d], _mm512_mul_ps(x, scale));
+            _mm512_store_ps(&O[r][d], _mm512_setzero_ps());
+        }
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+    }
+    const int64_t end = a.past + (a.tree != nullptr ? a.T : i1);  // keys any row may see
+    const int64_t tiles = (rows + RM - 1) / RM * RM;
+    for (int64_t j0 = 0; j0 < end; j0 += BK) {
+        const int64_t nk = end - j0 < BK ? end - j0 : BK;
+        // scores of RM rows by 64 keys at a time, in registers
+        for (int64_t r0 = 0; r0 < tiles; r0 += RM) {
+            __m512 acc[RM][4];
+            for (int i = 0; i < RM; i++)
+                for (int c = 0; c < 4; c++) acc[i][c] = _mm512_setzero_ps();
+            const float* kp = kt + j0;
+            for (int d = 0; d < D; d++) {
+                const __m512 k0 = _mm512_loadu_ps(kp + d * a.ldkt);
+                const __m512 k1 = _mm512_loadu_ps(kp + d * a.ldkt + 16);
+                const __m512 k2 = _mm512_loadu_ps(kp + d * a.ldkt + 32);
+                const __m512 k3 = _mm512_loadu_ps(kp + d * a.ldkt + 48);
+                for (int i = 0; i < RM; i++) {
+                    const __m512 b = _mm512_set1_ps(Q[r0 + i][d]);
+                    acc[i][0] = _mm512_fmadd_ps(b, k0, acc[i][0]);
+                    acc[i][1] = _mm512_fmadd_ps(b, k1, acc[i][1]);
+                    acc[i][2] = _mm512_fmadd_ps(b, k2, acc[i][2]);
+                    acc[i][3] = _mm512_fmadd_ps(b, k3, acc[i][3]);
+                }
+            }
+            for (int i = 0; i < RM; i++)
+                for (int c = 0; c < 4; c++) _mm512_store_ps(&P[r0 + i][c * 16], acc[i][c]);
+        }
+        // online softmax: scores become probabilities, earlier sums and outputs rescale
+        for (int64_t r = 0; r < rows; r++) {
+            const uint64_t vis = visible(a, i0 + r, j0, nk);
+            if (vis == 0) {
+                memset(P[r], 0, sizeof(P[r]));
+                continue;
+            }
+            __m512 s[4];
+            __m512 top = _mm512_set1_ps(-INFINITY);
+            for (int c = 0; c < 4; c++) {
+                const __mmask16 mk = (__mmask16)(vis >> (16 * c));
+                s[c] = _mm512_mask_blend_ps(mk, _mm512_set1_ps(-INFINITY), _mm512_load_ps(&P[r][c * 16]));
+                top = _mm512_max_ps(top, s[c]);
+            }
+            const float block_max = _mm512_reduce_max_ps(top);
+            const float mx = block_max > m[r] ? block_max : m[r];
+            const float alpha = expf(m[r] - mx);  // 0 for the first block a row sees
+            const __m512 mxv = _mm512_set1_ps(mx);
+            __m512 sum = _mm512_setzero_ps();
+            for (int c = 0; c < 4; c++) {
+                const __mmask16 mk = (__mmask16)(vis >> (16 * c));
+                const __m512 p = _mm512_maskz_mov_ps(mk, exp16(_mm512_sub_ps(s[c], mxv)));
+                sum = _mm512_add_ps(sum, p);
+                _mm512_store_ps(&P[r][c * 16], p);
+            }
+            l[r] = l[r] * alpha + _mm512_reduce_add_ps(sum);
+            m[r] = mx;
+            if (alpha != 1.0f) {
+                const __m512 av = _mm512_set1_ps(alpha);
+                for (int d = 0; d < D; d += 16)
+                    _mm512_store_ps(&O[r][d], _mm512_mul_ps(_mm512_load_ps(&O[r][d]), av));
+            }
+        }
+        for (int64_t r = rows; r < tiles; r++) memset(P[r], 0, sizeof(P[r]));
+        // outputs += probabilities x values, RM rows at a time
+        for (int64_t r0 = 0; r0 < tiles; r0 += RM) {
+            __m512 acc[RM][4];
+            for (int i = 0; i < RM; i++)
+                for (int c = 0; c < 4; c++) acc[i][c] = _mm512_load_ps(&O[r0 + i][c * 16]);
+            for (int64_t n = 0; n < nk; n++) {
+                const float* vp = v + (j0 + n) * a.v_s;
+                const __m512 v0 = _mm512_loadu_ps(vp), v1 = _mm512_loadu_ps(vp + 16);
+                const __m512 v2 = _mm512_loadu_ps(vp + 32), v3 = _mm512_loadu_ps(vp + 48);
+                for (int i = 0; i < RM; i++) {
+                    const __m512 b = _mm512_set1_ps(P[r0 + i][n]);
+                    acc[i][0] = _mm512_fmadd_ps(b, v0, acc[i][0]);
+                    acc[i][1] = _mm512_fmadd_ps(b, v1, acc[i][1]);
+                    acc[i][2] = _mm512_fmadd_ps(b, v2, acc[i][2]);
+                    acc[i][3] = _mm512_fmadd_ps(b, v3, acc[i][3]);
+                }
+            }
+            for (int i = 0; i < RM; i++)
+                for (int c = 0; c < 4; c++) _mm512_store_ps(&O[r0 + i][c * 16], acc[i][c]);
+        }
+    }
+    float* out = a.out + h * a.o_h;
+    for (int64_t r = 0; r < rows; r++) {
+        const __m512 inv = _mm512_set1_ps(l[r] > 0.0f ? 1.0f / l[r] : 0.0f);  // no key: zeros
+        for (int d = 0; d < D; d += 16)
+            _mm512_storeu_ps(out + (i0 + r) * a.o_t + d, _mm512_mul_ps(_mm512_load_ps(&O[r][d]), inv));
+    }
+}
+
+}  // namespace
+
+extern "C" {
+
+int specd_attention_head_dim() { return D; }
+
+// q: [Hq, T, D] (strides q_h, q_t); k, v: [KV, past + T, D] (strides k_h, k_s and v_h, v_s);
+// out: [Hq, T, D] (strides o_h, o_t); the last dimension of each contiguous. tree: [T, T]
+// bytes, nonzero where query i sees new key j, or null for a chain. kt: scratch of
+// KV * D * ldkt floats, ldkt >= past + T rounded up to a multiple of 64.
+void specd_attention(const float* q, int64_t q_h, int64_t q_t, const float* k, int64_t k_h,
+                     int64_t k_s, const float* v, int64_t v_h, int64_t v_s, float* out,
+                     int64_t o_h, int64_t o_t, const uint8_t* tree, int64_t Hq, int64_t KV,
+                     int64_t T, int64_t past, float scale, float* kt, int64_t ldkt, int threads) {
+    const int64_t S = past + T;
+    const int64_t chunks = ldkt / 16;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t c = 0; c < KV * chunks; c++) {
+        const int64_t g = c / chunks, s0 = (c % chunks) * 16;
+        float* dst = kt + g * D * ldkt;
+        for (int64_t s = s0; s < s0 + 16; s++) {
+            const float* src = k + g * k_h + s * k_s;
+            for (int d = 0; d < D; d++) dst[d * ldkt + s] = s < S ? src[d] : 0.0f;
+        }
+    }
+    const Args a{q, q_h, q_t, kt, ldkt, v, v_h, v_s, out, o_h, o_t, tree, T, past, Hq / KV, scale};
+    const int64_t blocks = (T + BQ - 1) / BQ;
+    // the longest tasks (the last query blocks) first
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
+    for (int64_t it = 0; it < Hq * blocks; it++) {
+        const int64_t b = blocks - 1 - it / Hq, h = it % Hq;
+        const int64_t i0 = b * BQ, i1 = i0 + BQ < T ? i0 + BQ : T;
+        task(a, h, i0, i1);
+    }
+}
+
+}  // extern "C"
