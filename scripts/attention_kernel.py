@@ -34,44 +34,49 @@ def main() -> None:
     if not cpu_kernels.available():
         raise SystemExit(f"the CPU attention kernel is not available: {cpu_kernels.reason}")
     print(f"threads {args.threads}, {args.heads} query heads, {args.kv_heads} key/value heads")
-    print("| new tokens | cached | kernel ms | PyTorch ms | PyTorch / kernel | kernel err | PyTorch err |")
+    print(
+        "| new tokens | cached | kernel ms | PyTorch ms | PyTorch / kernel | kernel err | PyTorch err |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|")
     gen = torch.Generator().manual_seed(0)
     for t, past in SHAPES:
-        q = torch.randn(1, t, args.heads, 64, generator=gen).transpose(1, 2)
-        cap = past + t + 64
-        keys = torch.randn(1, args.kv_heads, cap, 64, generator=gen)[:, :, : past + t]
-        values = torch.randn(1, args.kv_heads, cap, 64, generator=gen)[:, :, : past + t]
-        seen = torch.ones(t, past + t, dtype=torch.bool).tril_(past)
+        print(_row(t, past, args, gen))
 
-        def ours() -> torch.Tensor:
-            return cpu_kernels.attention(q, keys, values, 0.125)
 
-        def theirs() -> torch.Tensor:
-            if past == 0:
-                return F.scaled_dot_product_attention(
-                    q, keys, values, is_causal=True, scale=0.125, enable_gqa=True
-                )
+def _row(t: int, past: int, args: argparse.Namespace, gen: torch.Generator) -> str:
+    q = torch.randn(1, t, args.heads, 64, generator=gen).transpose(1, 2)
+    cap = past + t + 64
+    keys = torch.randn(1, args.kv_heads, cap, 64, generator=gen)[:, :, : past + t]
+    values = torch.randn(1, args.kv_heads, cap, 64, generator=gen)[:, :, : past + t]
+    seen = torch.ones(t, past + t, dtype=torch.bool).tril_(past)
+
+    def ours() -> torch.Tensor:
+        return cpu_kernels.attention(q, keys, values, 0.125)
+
+    def theirs() -> torch.Tensor:
+        if past == 0:
             return F.scaled_dot_product_attention(
-                q, keys, values, attn_mask=seen, scale=0.125, enable_gqa=True
+                q, keys, values, is_causal=True, scale=0.125, enable_gqa=True
             )
+        return F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=seen, scale=0.125, enable_gqa=True
+        )
 
-        ref = F.scaled_dot_product_attention(
-            q.double(), keys.double(), values.double(), attn_mask=seen, scale=0.125,
-            enable_gqa=True,
-        )  # fmt: skip
-        times: dict[str, list[float]] = {"ours": [], "theirs": []}
-        for _ in range(3):
-            ours(), theirs()
-        for _ in range(args.repeats):
-            for name, fn in (("ours", ours), ("theirs", theirs)):
-                t0 = time.perf_counter()
-                fn()
-                times[name].append(time.perf_counter() - t0)
-        a, b = statistics.median(times["ours"]), statistics.median(times["theirs"])
-        ea = (ours().double() - ref).abs().max().item()
-        eb = (theirs().double() - ref).abs().max().item()
-        print(f"| {t} | {past} | {a * 1e3:.3f} | {b * 1e3:.3f} | {b / a:.2f} | {ea:.1e} | {eb:.1e} |")
+    ref = F.scaled_dot_product_attention(
+        q.double(), keys.double(), values.double(), attn_mask=seen, scale=0.125, enable_gqa=True
+    )
+    times: dict[str, list[float]] = {"ours": [], "theirs": []}
+    for _ in range(3):
+        ours(), theirs()
+    for _ in range(args.repeats):
+        for name, fn in (("ours", ours), ("theirs", theirs)):
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    a, b = statistics.median(times["ours"]), statistics.median(times["theirs"])
+    ea = (ours().double() - ref).abs().max().item()
+    eb = (theirs().double() - ref).abs().max().item()
+    return f"| {t} | {past} | {a * 1e3:.3f} | {b * 1e3:.3f} | {b / a:.2f} | {ea:.1e} | {eb:.1e} |"
 
 
 if __name__ == "__main__":

@@ -164,11 +164,18 @@ def _build() -> Path:
     if platform.machine().lower() not in ("x86_64", "amd64"):
         raise _Unavailable(f"written for x86-64, this is {platform.machine()}")
     if not torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
-        raise _Unavailable(f"needs AVX-512, this CPU offers {torch.backends.cpu.get_cpu_capability()}")
+        raise _Unavailable(
+            f"needs AVX-512, this CPU offers {torch.backends.cpu.get_cpu_capability()}"
+        )
     cxx = _compiler()
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30)
     key = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join(FLAGS).encode(), cxx.encode(), version.stdout.encode()):
+    for part in (
+        SOURCE.read_bytes(),
+        " ".join(FLAGS).encode(),
+        cxx.encode(),
+        version.stdout.encode(),
+    ):
         key.update(part)
     from .models import cache_dir
 

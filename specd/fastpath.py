@@ -207,14 +207,7 @@ class FastDecoder:
                 y = (w * rows).sum(-1)
                 return (y if b is None else y + b).reshape(*lead, w.shape[0])
             return F.linear(x, w, b)  # several rows: the compiler's own product
-        packed = None
-        if self._packed:
-            if (
-                n in PACKED_ROWS
-                or (n < PACKED_ROWS[0] and self._packed_step)
-                or (n > PACKED_ROWS[-1] and self._packed_prefill)
-            ):
-                packed = self._packed.get(w.data_ptr())
+        packed = self._packed_weight(n, w)
         if packed is not None:
             return products.packed_linear(rows, packed, b).reshape(*lead, w.shape[0])
         if not self._weight_major or n > 16:
@@ -223,6 +216,16 @@ class FastDecoder:
         if b is not None:
             y = y + b
         return y.reshape(*lead, w.shape[0])
+
+    def _packed_weight(self, n: int, w: torch.Tensor) -> torch.Tensor | None:
+        """The prepacked copy of ``w`` where a product of ``n`` rows uses it (:meth:`pack`)."""
+        if self._packed and (
+            n in PACKED_ROWS
+            or (n < PACKED_ROWS[0] and self._packed_step)
+            or (n > PACKED_ROWS[-1] and self._packed_prefill)
+        ):
+            return self._packed.get(w.data_ptr())
+        return None
 
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
@@ -354,9 +357,27 @@ class FastDecoder:
         residual, the MLP and its residual. :returns: ``[1, T, H]``."""
         t = h.shape[1]
         o = o.transpose(1, 2).reshape(1, t, self.n_heads * self.head_dim)
+        fused = self._fused(t, (L.wo, L.wg, L.wu, L.wd))
+        if fused is not None:
+            # On prepacked weights the residual adds, the activation and the gate's product
+            # happen as each product writes its output (one pass over it instead of four).
+            po, pg, pu, pd = fused
+            h = products.packed_linear_then(o.view(t, -1), po, L.bo, "add", h.view(t, -1))
+            x = self._rms(h, L.ln2)
+            gate = products.packed_linear_silu(x, pg)
+            a = products.packed_linear_then(x, pu, None, "mul", gate)
+            return products.packed_linear_then(a, pd, None, "add", h).view(1, t, -1)
         h = h + self._linear(o, L.wo, L.bo)
         x = self._rms(h, L.ln2)
         return h + self._linear(F.silu(self._linear(x, L.wg)) * self._linear(x, L.wu), L.wd)
+
+    def _fused(self, n: int, weights: tuple[torch.Tensor, ...]) -> list[torch.Tensor] | None:
+        """The prepacked copies of ``weights`` where a pass of ``n`` rows uses them and the
+        products can fuse the operations after them (:func:`products.fuses`)."""
+        if not self._packed or torch.compiler.is_compiling() or not products.fuses():
+            return None
+        packed = [self._packed_weight(n, w) for w in weights]
+        return None if any(p is None for p in packed) else packed  # type: ignore[return-value]
 
     def rotary_tables(self, h: torch.Tensor, position_ids: torch.Tensor):
         """cos and sin ``[1, 1, T, D]`` for ``position_ids`` ``[1, T]``."""

@@ -43,6 +43,45 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, b: torch.Tensor | None)
     return torch.ops.mkldnn._linear_pointwise(x, packed, b, "none", [], "")
 
 
+def packed_linear_then(
+    x: torch.Tensor, packed: torch.Tensor, b: torch.Tensor | None, op: str, other: torch.Tensor
+) -> torch.Tensor:
+    """``(x @ w.T + b) op other`` with ``op`` ``"add"`` or ``"mul"`` applied as the product
+    writes its output (oneDNN's post-op), for rows ``x`` ``[n, K]`` and ``other`` ``[n, N]``."""
+    return torch.ops.mkldnn._linear_pointwise.binary(x, other, packed, b, op)
+
+
+def packed_linear_silu(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    """``silu(x @ w.T)``, the activation applied as the product writes its output."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, None, "swish", [], "")
+
+
+_FUSES: dict[str, bool] = {}
+
+
+def fuses() -> bool:
+    """Whether this torch build applies :func:`packed_linear_then`'s and
+    :func:`packed_linear_silu`'s operations inside the product (and gets them right)."""
+    if "ok" not in _FUSES:
+        ok = packable()
+        if ok:
+            try:
+                with torch.inference_mode():
+                    gen = torch.Generator().manual_seed(0)
+                    x, w = torch.randn(3, 16, generator=gen), torch.randn(8, 16, generator=gen)
+                    other, p = torch.randn(3, 8, generator=gen), pack(w)
+                    y = x @ w.T
+                    ok = (
+                        torch.allclose(packed_linear_then(x, p, None, "add", other), y + other)
+                        and torch.allclose(packed_linear_then(x, p, None, "mul", other), y * other)
+                        and torch.allclose(packed_linear_silu(x, p), F.silu(y), atol=1e-6)
+                    )
+            except (RuntimeError, AttributeError):
+                ok = False
+        _FUSES["ok"] = ok
+    return _FUSES["ok"]
+
+
 def packable() -> bool:
     """Whether this torch build has oneDNN's prepacked linear."""
     if not torch.backends.mkldnn.is_available():

@@ -224,7 +224,9 @@ def test_tree_verify_pass_with_the_kernel_matches_pytorch(monkeypatch):
 @needs_kernel
 def test_greedy_output_with_the_kernel_is_plain_decoding(monkeypatch):
     target = tiny_target(hidden_size=256, dtype=torch.float32, seed=5, logit_scale=4.0)
-    prompt = [int(x) for x in torch.randint(1, 96, (120,), generator=torch.Generator().manual_seed(3))]
+    prompt = [
+        int(x) for x in torch.randint(1, 96, (120,), generator=torch.Generator().manual_seed(3))
+    ]
     outs = {}
     calls = _counted(monkeypatch)
     for use_kernel in (True, False):

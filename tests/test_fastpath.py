@@ -178,6 +178,45 @@ def test_prefill_dtype_needs_the_lean_forward():
         Target(model, CharTokenizer(VOCAB)).set_prefill_dtype(torch.bfloat16)
 
 
+class _Counted:
+    """oneDNN's prepacked product, counting its calls (plain and with a fused operation)."""
+
+    def __init__(self, calls: list[str]) -> None:
+        self.real, self.calls = torch.ops.mkldnn._linear_pointwise, calls
+
+    def __call__(self, *args):
+        self.calls.append(args[3])  # the fused activation, or "none"
+        return self.real(*args)
+
+    def binary(self, *args):
+        self.calls.append(args[4])  # "add" or "mul"
+        return self.real.binary(*args)
+
+
+@pytest.mark.skipif(not products.fuses(), reason="needs oneDNN's fused products")
+@pytest.mark.parametrize("fed_len", [1, 9, 40])
+def test_fused_products_compute_what_separate_operations_do(monkeypatch, fed_len):
+    """On prepacked weights the residual adds, the activation and the gate's product happen
+    inside the products; the logits are the separate operations' to float32 rounding."""
+    model = tiny_model(VOCAB, num_layers=2, seed=5).float()
+    target = Target(model, CharTokenizer(VOCAB), fast=True)
+    assert target.pack_weights("on")
+    calls: list[str] = []
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", _Counted(calls))
+    prompt, fed = list(range(1, 30)), [(5 * i) % VOCAB for i in range(fed_len)]
+    outs = {}
+    for fused in (True, False):
+        monkeypatch.setitem(products._FUSES, "ok", fused)
+        cache = target.new_cache(capacity=8)
+        target.prefill(cache, prompt)
+        calls.clear()
+        outs[fused] = target.forward(cache, fed).logits
+        # per layer: q, k, v, then o + residual, silu(gate), up * gate, down + residual
+        fused_ops = {"add", "mul", "swish"} & set(calls)
+        assert fused_ops == ({"add", "mul", "swish"} if fused else set())
+    torch.testing.assert_close(outs[True], outs[False], rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN")
 @pytest.mark.parametrize("fed_len", [1, 2, 3, 8, 16, 17])
 def test_prepacked_weights_compute_what_the_loaded_ones_do(monkeypatch, fed_len):
@@ -190,12 +229,8 @@ def test_prepacked_weights_compute_what_the_loaded_ones_do(monkeypatch, fed_len)
     for faster in (True, False):
         monkeypatch.setattr(products, "packed_is_faster", lambda *a, faster=faster, **_: faster)
         assert Target(model, CharTokenizer(VOCAB)).pack_weights("auto") == faster
-    calls = []
-    monkeypatch.setattr(
-        torch.ops.mkldnn,
-        "_linear_pointwise",
-        lambda *a, real=torch.ops.mkldnn._linear_pointwise: calls.append(1) or real(*a),
-    )
+    calls: list[str] = []
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", _Counted(calls))
     prompt, fed = list(range(1, 40)), [(7 * i) % VOCAB for i in range(fed_len)]
     outs = []
     for packed in (True, False):
@@ -243,12 +278,8 @@ def test_auto_packs_one_token_steps_only_where_that_measures_faster(monkeypatch,
     monkeypatch.setattr(products, "packed_is_faster", faster)
     target = Target(model, CharTokenizer(VOCAB), fast=True)
     assert target.pack_weights("auto") and (1, 2) in asked
-    calls = []
-    monkeypatch.setattr(
-        torch.ops.mkldnn,
-        "_linear_pointwise",
-        lambda *a, real=torch.ops.mkldnn._linear_pointwise: calls.append(1) or real(*a),
-    )
+    calls: list[str] = []
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", _Counted(calls))
     cache = target.new_cache(capacity=64)
     target.prefill(cache, list(range(1, 40)))
     for fed, expected in (([5], step_faster), ([5, 6, 7, 8], True)):
