@@ -196,8 +196,9 @@ class _Counted:
 @pytest.mark.skipif(not products.fuses(), reason="needs oneDNN's fused products")
 @pytest.mark.parametrize("fed_len", [1, 9, 40])
 def test_fused_products_compute_what_separate_operations_do(monkeypatch, fed_len):
-    """On prepacked weights the residual adds, the activation and the gate's product happen
-    inside the products; the logits are the separate operations' to float32 rounding."""
+    """On prepacked weights a prefill pass (more than 16 tokens) runs the residual adds, the
+    activation and the gate's product inside the products; the logits are the separate
+    operations' to float32 rounding. Steps and verify passes keep the separate ones."""
     model = tiny_model(VOCAB, num_layers=2, seed=5).float()
     target = Target(model, CharTokenizer(VOCAB), fast=True)
     assert target.pack_weights("on")
@@ -213,7 +214,7 @@ def test_fused_products_compute_what_separate_operations_do(monkeypatch, fed_len
         outs[fused] = target.forward(cache, fed).logits
         # per layer: q, k, v, then o + residual, silu(gate), up * gate, down + residual
         fused_ops = {"add", "mul", "swish"} & set(calls)
-        assert fused_ops == ({"add", "mul", "swish"} if fused else set())
+        assert fused_ops == ({"add", "mul", "swish"} if fused and fed_len > 16 else set())
     torch.testing.assert_close(outs[True], outs[False], rtol=1e-4, atol=1e-4)
 
 
