@@ -39,9 +39,8 @@ FLAGS = ("-O3", "-std=c++17", "-fopenmp", "-shared", "-fPIC", *ISA_FLAGS)
 #: The head size the kernel is written for.
 HEAD_DIM = 64
 #: The fewest new tokens a pass hands the kernel. Each call transposes the whole cache's
-#: keys once, which a prefill chunk repays many times over; a verify pass of 2-9 tokens at
-#: 1k cached tokens took 0.4-0.5 ms a layer in the engine against PyTorch's 0.2-0.5 ms, so
-#: it stays with PyTorch.
+#: keys once, which a prefill chunk repays many times over; with verify passes of 2-9
+#: tokens through it too, editor requests spent 14-20% longer verifying (docs/benchmarks.md).
 MIN_TOKENS = 16
 #: ``SPECD_CPU_KERNELS`` values that turn the kernels off.
 OFF = ("0", "off", "false", "no")
@@ -107,7 +106,7 @@ def attention(
         tree = tree.to(torch.bool).contiguous()
     out = q.new_empty(1, t, hq, d)
     ld = -(-span // 64) * 64
-    scratch = q.new_empty(kv * d * ld)
+    scratch = _scratch(kv * d * ld)
     assert _fn is not None
     _fn(
         q.data_ptr(), q.stride(1), q.stride(2),
@@ -118,6 +117,18 @@ def attention(
         hq, kv, t, past, scale, scratch.data_ptr(), ld, torch.get_num_threads(),
     )  # fmt: skip
     return out.transpose(1, 2)
+
+
+_local = threading.local()
+
+
+def _scratch(n: int) -> torch.Tensor:
+    """This thread's buffer for the transposed keys, grown to ``n`` floats and kept: a fresh
+    one per call (hundreds of KB at 1k tokens) would be fresh pages to fault in per layer."""
+    buf = getattr(_local, "buf", None)
+    if buf is None or buf.numel() < n:
+        buf = _local.buf = torch.empty(n, dtype=torch.float32)
+    return buf
 
 
 # -- building ---------------------------------------------------------------------------------

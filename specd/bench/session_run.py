@@ -34,12 +34,14 @@ READY_TRIES = 20
 
 @dataclass(frozen=True)
 class SessionConfig:
-    """A configuration of the daemon: a name, the ``initializationOptions`` it gets and
-    ``specd serve`` options beyond the bench's own."""
+    """A configuration of the daemon: a name, the ``initializationOptions`` it gets,
+    ``specd serve`` options beyond the bench's own, and environment variables it starts
+    with."""
 
     name: str
     options: dict[str, Any] = field(default_factory=dict, hash=False)
     args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
 
 
 #: The configurations the session workload compares, as data: one line per row.
@@ -69,6 +71,8 @@ CONFIGS = (
     # the compiled one-token step (specd.compiled), compiled before the daemon answers
     # `initialize`: its compile counts in the start-up time, not in another daemon's turn
     SessionConfig("compiled", args=("--compile", "on")),
+    # prefills attend through PyTorch's kernels instead of specd's (specd.cpu_kernels)
+    SessionConfig("no-cpu-kernels", env=(("SPECD_CPU_KERNELS", "off"),)),
 )
 
 
@@ -108,7 +112,7 @@ def start(
     config: SessionConfig, command: list[str], *, threads: int | None, cwd_uri: str
 ) -> Daemon:
     """Start a daemon and ``initialize`` it (offering UTF-32 positions: plain characters)."""
-    env = dict(os.environ)
+    env = dict(os.environ) | dict(config.env)
     if threads is not None:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
     server = ServerProcess(command, env=env)
