@@ -169,10 +169,16 @@ def _counted(monkeypatch) -> list[int]:
     return calls
 
 
+def _lean(seed: int, layers: int = 2):
+    """A tiny float32 target with 64-wide heads, and its lean forward."""
+    target = tiny_target(hidden_size=256, num_layers=layers, dtype=torch.float32, seed=seed)
+    assert target.fast is not None and target.fast.head_dim == cpu_kernels.HEAD_DIM
+    return target, target.fast
+
+
 @needs_kernel
 def test_lean_forward_prefill_with_the_kernel_matches_pytorch(monkeypatch):
-    target = tiny_target(hidden_size=256, num_layers=3, dtype=torch.float32, seed=3)
-    assert target.fast is not None and target.fast.head_dim == 64
+    target, fast = _lean(seed=3, layers=3)
     ids = torch.randint(0, 96, (1, 200), generator=torch.Generator().manual_seed(1))
     pos = torch.arange(200)[None]
 
@@ -181,7 +187,7 @@ def test_lean_forward_prefill_with_the_kernel_matches_pytorch(monkeypatch):
         cache = target.new_cache(capacity=256)
         logits = []
         for s in range(0, 200, chunk):  # chunks on top of the cache take the kernel too
-            out, _ = target.fast.forward(cache, ids[:, s : s + chunk], pos[:, s : s + chunk], None)
+            out, _ = fast.forward(cache, ids[:, s : s + chunk], pos[:, s : s + chunk], None)
             logits.append(out)
         return torch.cat(logits)
 
@@ -197,9 +203,7 @@ def test_lean_forward_prefill_with_the_kernel_matches_pytorch(monkeypatch):
 
 @needs_kernel
 def test_tree_verify_pass_with_the_kernel_matches_pytorch(monkeypatch):
-    target = tiny_target(hidden_size=256, dtype=torch.float32, seed=4)
-    fast = target.fast
-    assert fast is not None
+    target, fast = _lean(seed=4)
     t, past = 20, 60
     tree = torch.eye(t, dtype=torch.bool)
     for i in range(1, t):
@@ -241,9 +245,7 @@ def test_greedy_output_with_the_kernel_is_plain_decoding(monkeypatch):
 
 @needs_kernel
 def test_a_mask_that_hides_cached_positions_stays_with_pytorch(monkeypatch):
-    target = tiny_target(hidden_size=256, dtype=torch.float32, seed=6)
-    fast = target.fast
-    assert fast is not None
+    target, fast = _lean(seed=6)
     t, past = 20, 30
     mask = torch.zeros(1, 1, t, past + t)
     mask[0, 0, :, past:] = torch.full((t, t), torch.finfo(torch.float32).min).triu(1)
