@@ -3,11 +3,12 @@ compiler (``specd/csrc/attention.cpp``).
 
 The lean forward (:mod:`specd.fastpath`) calls it for passes of at least :data:`MIN_TOKENS`
 new tokens over a float32 cache with 64-dimensional heads: a prefill, from an empty cache
-or a chunk on top of one (a tree mask is taken too). On a 2-vCPU EPYC (Zen 5) it ran the
-causal attention of a 1,024-token prompt (9 query heads, 3 key/value heads) in 6.3 ms a
-layer where PyTorch's CPU flash kernel took 13.5 ms (``scripts/attention_kernel.py``). Its outputs differ from ``scaled_dot_product_attention``'s by float32
-rounding (the order of the sums), as two such kernels do; greedy output stays
-token-identical to plain decoding in every benchmark run (docs/benchmarks.md).
+or a chunk on top of one (a tree mask is taken too). On a 2-vCPU AMD EPYC it ran the
+causal attention of a 1,024-token prompt (9 query heads, 3 key/value heads) in 6.2 ms a
+layer where PyTorch's CPU flash kernel took 12.4 ms (``scripts/attention_kernel.py``). Its
+outputs differ from ``scaled_dot_product_attention``'s by float32 rounding (the order of
+the sums), as two such kernels do; greedy output stayed token-identical to plain decoding
+in every benchmark run (docs/benchmarks.md).
 
 Built once per machine into the cache directory (:func:`specd.models.cache_dir`), keyed by
 the source, the compiler and its flags; where there is no compiler, no AVX-512, or the
