@@ -90,10 +90,11 @@ def attention(
     """
     if _fn is None and not available():
         raise RuntimeError(f"the CPU attention kernel is not available: {reason}")
-    _, hq, t, d = q.shape
+    batch, hq, t, d = q.shape
     kv, span = keys.shape[1], keys.shape[2]
     past = span - t
-    if d != HEAD_DIM or hq % kv or past < 0 or values.shape != keys.shape:
+    one = batch == 1 and keys.shape[0] == 1  # one sequence
+    if not one or d != HEAD_DIM or hq % kv or past < 0 or values.shape != keys.shape:
         raise ValueError(
             f"attention kernel: queries {tuple(q.shape)}, keys {tuple(keys.shape)}, "
             f"values {tuple(values.shape)}"

@@ -105,6 +105,10 @@ def test_bad_inputs_are_refused_with_what_was_wrong():
         cpu_kernels.attention(q, keys, values, 0.1, torch.ones(3, 3, dtype=torch.bool))
     with pytest.raises(ValueError, match="queries"):
         cpu_kernels.attention(q, keys[:, :, :10], values[:, :, :10], 0.1)  # fewer keys than T
+    with pytest.raises(ValueError, match="queries"):  # one sequence at a time
+        cpu_kernels.attention(q.expand(2, -1, -1, -1), keys, values, 0.1)
+    with pytest.raises(ValueError, match="values"):
+        cpu_kernels.attention(q, keys, values[:, :, :-1], 0.1)
 
 
 def test_small_passes_and_other_shapes_stay_with_pytorch():
