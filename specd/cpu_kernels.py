@@ -99,6 +99,8 @@ def attention(
             f"attention kernel: queries {tuple(q.shape)}, keys {tuple(keys.shape)}, "
             f"values {tuple(values.shape)}"
         )
+    if q.stride(-1) != 1:  # queries of a weight-major product (specd.products) are transposed
+        q = q.contiguous()
     for name, x in (("queries", q), ("keys", keys), ("values", values)):
         if x.dtype != torch.float32 or x.device.type != "cpu" or x.stride(-1) != 1:
             raise ValueError(f"attention kernel: {name} must be float32 on CPU, last dim dense")

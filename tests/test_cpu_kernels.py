@@ -265,3 +265,19 @@ def test_a_mask_that_hides_cached_positions_stays_with_pytorch(monkeypatch):
     assert calls  # without the hidden position the same pass takes the kernel
     assert not torch.allclose(out[5], free[5], atol=1e-3)  # the mask was obeyed
     assert torch.allclose(out[:5], free[:5], atol=1e-4)  # rows that never see token 5
+
+
+@needs_kernel
+def test_queries_of_weight_major_products_are_taken(monkeypatch):
+    """Where a few-row product is computed weight-major (specd.products), a pass of up to 16
+    tokens gets transposed queries; the kernel takes them (a 16-token prompt once failed)."""
+    target, fast = _lean(seed=8)
+    monkeypatch.setattr(fast, "_weight_major", True)
+    ids = torch.randint(0, 96, (1, 16), generator=torch.Generator().manual_seed(4))
+    calls = _counted(monkeypatch)
+    cache = target.new_cache(capacity=32)
+    got, _ = fast.forward(cache, ids, torch.arange(16)[None], None)
+    assert calls == [16, 16]
+    monkeypatch.setattr(cpu_kernels, "MIN_TOKENS", 10**9)
+    want, _ = fast.forward(target.new_cache(capacity=32), ids, torch.arange(16)[None], None)
+    assert torch.allclose(got, want, atol=1e-4, rtol=1e-4)
