@@ -49,10 +49,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         "--compile",
         choices=("auto", "off", "on", "background"),
         default="auto",
-        help="the compiled decode step (CUDA graphs on CUDA, torch.compile elsewhere): on "
-        "(ready before the first request), background (requests run eager until it is "
-        "ready), off, or auto (default: on for CUDA, where capturing takes seconds; off "
-        "elsewhere, where compiling takes minutes)",
+        help="the compiled decode step (CUDA graphs on CUDA; specd's step kernel on x86 "
+        "CPUs with AVX-512; torch.compile elsewhere): on (ready before the first request), "
+        "background (requests run eager until it is ready), off, or auto (default: on for "
+        "CUDA and for the step kernel, ready in seconds; off where compiling takes minutes)",
     )
     g.add_argument(
         "--packed-weights",

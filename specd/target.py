@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from . import fastpath, products
-from .compiled import CompiledStep
+from .compiled import CompiledStep, kernel_usable
 from .errors import BadInputError
 from .fastpath import FastDecoder
 from .kvcache import KVCache
@@ -128,8 +128,9 @@ class Target:
 
         :param mode: ``on`` (compile now; the first passes wait for it), ``background``
             (compile in a thread while passes run eager), ``off``, or ``auto``: ``on`` on
-            CUDA, where graphs capture in seconds, ``off`` elsewhere, where compiling takes
-            minutes (measured in docs/benchmarks.md).
+            CUDA, where graphs capture in seconds, and on CPUs where specd's step kernel
+            takes the model (ready in about a second); ``off`` elsewhere, where compiling
+            takes minutes (measured in docs/benchmarks.md).
         :param backend: see :class:`specd.compiled.CompiledStep` (default: by device).
         :returns: the compiled step, or None when the model has no lean forward to compile
             (it then runs its own forward, eager).
@@ -137,7 +138,12 @@ class Target:
         if mode not in COMPILE_MODES:
             raise BadInputError(f"compile mode must be one of {COMPILE_MODES}, got {mode!r}")
         if mode == "auto":
-            mode = "on" if self.device.type == "cuda" else "off"
+            on = self.device.type == "cuda" or (
+                self.fast is not None
+                and (backend or "kernel") == "kernel"
+                and kernel_usable(self.fast)
+            )
+            mode = "on" if on else "off"
         if mode == "off" or self.fast is None:
             if mode != "off":
                 log.warning("compiled step off: %s has no lean forward", type(self.model).__name__)

@@ -11,11 +11,12 @@
 // cache) or, among the new keys, when j - past <= i (a chain), or where the [T, T] mask
 // says so (a tree).
 
-#include <immintrin.h>
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "vec.h"
 
 namespace {
 
@@ -23,24 +24,6 @@ constexpr int BQ = 64;  // queries per task
 constexpr int BK = 64;  // keys per block: four vectors of 16
 constexpr int D = 64;   // head dimension
 constexpr int RM = 4;   // query rows per register tile
-
-// e^x for 16 lanes: 2^n * p(r), r = x - n ln 2 in [-ln2/2, ln2/2], p of degree 7 (about 1
-// ulp); lanes far below -87 give 0, as expf does.
-inline __m512 exp16(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_scalef_ps(p, n);
-}
 
 // Bits [lo, hi) set, 0 <= lo <= hi <= 64.
 inline uint64_t bits(int64_t lo, int64_t hi) {
@@ -146,7 +129,7 @@ void task(const Args& a, int64_t h, int64_t i0, int64_t i1) {
             __m512 sum = _mm512_setzero_ps();
             for (int c = 0; c < 4; c++) {
                 const __mmask16 mk = (__mmask16)(vis >> (16 * c));
-                const __m512 p = _mm512_maskz_mov_ps(mk, exp16(_mm512_sub_ps(s[c], mxv)));
+                const __m512 p = _mm512_maskz_mov_ps(mk, specd::exp16(_mm512_sub_ps(s[c], mxv)));
                 sum = _mm512_add_ps(sum, p);
                 _mm512_store_ps(&P[r][c * 16], p);
             }

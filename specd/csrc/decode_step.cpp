@@ -1,0 +1,384 @@
+// A decode or verify step of a Llama-style decoder (a few new tokens over a KV cache),
+// float32, on x86-64 CPUs with AVX-512 (specd/cpu_kernels.py builds and loads it).
+//
+// A step of a few tokens reads every weight once and does little else, so it runs at the
+// speed the weights stream from memory. The whole step is one parallel region: each
+// product's rows are split between the threads, each thread streaming a contiguous part of
+// the weight and multiplying each block of rows with every new token while the block is in
+// its L1 cache, with a barrier where the next product needs the whole of the last one's
+// output (five a layer). Norms, rotary embeddings and the merge of the attention's parts
+// are a few thousand values: every thread computes them itself rather than wait for one to.
+//
+// Arithmetic (as specd/fastpath.py computes it, up to the order of float32 sums), for each
+// new token:
+//   x = rmsnorm(h) * ln1; q, k, v = Wq x + bq, Wk x + bk, Wv x + bv; rotary on q and k;
+//   the new keys and values written into the cache at positions past .. past + T - 1;
+//   attention of each query head over the cached positions and the new tokens it sees;
+//   h += Wo o + bo; x = rmsnorm(h) * ln2; h += Wd (silu(Wg x) * (Wu x)); after the last
+//   layer, hidden = rmsnorm(h) * norm and logits = Wlm hidden + blm.
+// New token i sees the new token j when j <= i (a chain) or where the [T, T] mask says so
+// (a tree). Attention splits the positions between the threads (each keeps its own
+// running maximum, sum and output per token and head), and every thread merges the parts
+// after a barrier.
+
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "vec.h"
+
+namespace {
+
+// Pointers of one layer's weights, in this order (biases may be null).
+enum { LN1, WQ, BQ, WK, BK, WV, BV, WO, BO, LN2, WG, WU, WD, PER_LAYER };
+
+constexpr int64_t MAX_T = 16;  // new tokens a step takes
+
+// y[i * ldy + r] = W[r] . x[i * ldx ..] for rows r in [r0, r0 + R) and NT tokens i.
+template <int R, int NT>
+inline void block(const float* W, int64_t K, const float* x, int64_t ldx, int64_t r0, float* y,
+                  int64_t ldy) {
+    __m512 acc[R][NT];
+    for (int a = 0; a < R; a++)
+        for (int i = 0; i < NT; i++) acc[a][i] = _mm512_setzero_ps();
+    const float* w = W + r0 * K;
+    for (int64_t k = 0; k < K; k += 16) {
+        __m512 wv[R];
+        for (int a = 0; a < R; a++) {
+            wv[a] = _mm512_loadu_ps(w + a * K + k);
+            // the next block of rows, on its way while this one computes (a prefetch never
+            // faults, past the weight's end included): 1.2-1.7x the streaming speed of
+            // the hardware's prefetcher alone, most with several tokens
+            _mm_prefetch((const char*)(w + (R + a) * K + k), _MM_HINT_T0);
+        }
+        for (int i = 0; i < NT; i++) {
+            const __m512 xv = _mm512_loadu_ps(x + i * ldx + k);
+            for (int a = 0; a < R; a++) acc[a][i] = _mm512_fmadd_ps(wv[a], xv, acc[a][i]);
+        }
+    }
+    for (int a = 0; a < R; a++)
+        for (int i = 0; i < NT; i++) y[i * ldy + r0 + a] = _mm512_reduce_add_ps(acc[a][i]);
+}
+
+template <int R>
+inline void block_tokens(const float* W, int64_t K, const float* x, int64_t ldx, int64_t T,
+                         int64_t r0, float* y, int64_t ldy) {
+    // four tokens at a time; the rows' block stays in L1 between the groups
+    int64_t i = 0;
+    for (; i + 4 <= T; i += 4) block<R, 4>(W, K, x + i * ldx, ldx, r0, y + i * ldy, ldy);
+    switch (T - i) {
+        case 3: block<R, 3>(W, K, x + i * ldx, ldx, r0, y + i * ldy, ldy); break;
+        case 2: block<R, 2>(W, K, x + i * ldx, ldx, r0, y + i * ldy, ldy); break;
+        case 1: block<R, 1>(W, K, x + i * ldx, ldx, r0, y + i * ldy, ldy); break;
+        default: break;
+    }
+}
+
+// y[i * ldy + r] = W[r] . x[i * ldx ..] (+ b[r]) for rows [r0, r1) of W [*, K] and tokens
+// i < T; K a multiple of 16.
+inline void rows(const float* W, const float* b, int64_t K, const float* x, int64_t ldx,
+                 int64_t T, int64_t r0, int64_t r1, float* y, int64_t ldy) {
+    int64_t r = r0;
+    for (; r + 4 <= r1; r += 4) block_tokens<4>(W, K, x, ldx, T, r, y, ldy);
+    for (; r < r1; r++) block_tokens<1>(W, K, x, ldx, T, r, y, ldy);
+    if (b != nullptr)
+        for (int64_t i = 0; i < T; i++)
+            for (r = r0; r < r1; r++) y[i * ldy + r] += b[r];
+}
+
+// This thread's share [lo, hi) of n rows.
+inline void share(int64_t n, int t, int nt, int64_t* lo, int64_t* hi) {
+    *lo = n * t / nt;
+    *hi = n * (t + 1) / nt;
+}
+
+// out = x / sqrt(mean(x^2) + eps) * w, for x [n], n a multiple of 16.
+inline void rmsnorm(const float* x, const float* w, int64_t n, float eps, float* out) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16) {
+        const __m512 v = _mm512_loadu_ps(x + i);
+        acc = _mm512_fmadd_ps(v, v, acc);
+    }
+    const float inv = 1.0f / sqrtf(_mm512_reduce_add_ps(acc) / (float)n + eps);
+    const __m512 s = _mm512_set1_ps(inv);
+    for (int64_t i = 0; i < n; i += 16) {
+        const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x + i), s);
+        _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_loadu_ps(w + i), v));
+    }
+}
+
+// x * cos + rotate_half(x) * sin for each of `heads` heads of size D.
+inline void rotary(const float* x, const float* cos, const float* sin, int64_t heads, int64_t D,
+                   float* out) {
+    const int64_t half = D / 2;
+    for (int64_t h = 0; h < heads; h++) {
+        const float* a = x + h * D;
+        float* o = out + h * D;
+        for (int64_t i = 0; i < half; i++) o[i] = a[i] * cos[i] - a[i + half] * sin[i];
+        for (int64_t i = half; i < D; i++) o[i] = a[i] * cos[i] + a[i - half] * sin[i];
+    }
+}
+
+// out[r] = silu(g[r]) * u[r] = g[r] / (1 + e^-g[r]) * u[r] for r in [lo, hi).
+inline void silu_mul(const float* g, const float* u, int64_t lo, int64_t hi, float* out) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (int64_t r = lo; r < hi; r += 16) {
+        const __mmask16 mk = hi - r >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (hi - r)) - 1);
+        const __m512 gv = _mm512_maskz_loadu_ps(mk, g + r);
+        const __m512 e = specd::exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv));
+        const __m512 y = _mm512_div_ps(gv, _mm512_add_ps(one, e));
+        _mm512_mask_storeu_ps(out + r, mk, _mm512_mul_ps(y, _mm512_maskz_loadu_ps(mk, u + r)));
+    }
+}
+
+inline float dot(const float* a, const float* b, int64_t n) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16)
+        acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
+    return _mm512_reduce_add_ps(acc);
+}
+
+struct Group {
+    const float* q;  // rotated queries of the new tokens: token i, head h at q[i * q_t + h * D]
+    int64_t q_t;
+    int64_t g, rep, T, past, D;
+    const float* k;  // the cache's rows of this key/value head (stride D)
+    const float* v;
+    const float* k_new;  // the new tokens' rotated keys and values: token i at [i * kv_t]
+    const float* v_new;
+    int64_t kv_t;
+    const uint8_t* tree;  // [T, T] or null (a chain)
+    float scale;
+};
+
+inline bool sees(const Group& a, int64_t i, int64_t j) {
+    if (j < a.past) return true;
+    const int64_t n = j - a.past;
+    return a.tree == nullptr ? n <= i : a.tree[i * a.T + n] != 0;
+}
+
+// The attention of the group's rep query heads of every new token over positions
+// [j0, j1): per (head r, token i) the running maximum m, sum l and unnormalised output o
+// [D], at part + (i * Hq + g * rep + r) * (D + 2). Each key and value row is read once for
+// the whole group. s: scratch of rep * T * (j1 - j0) floats.
+void attend_group(const Group& a, int64_t Hq, int64_t j0, int64_t j1, float* s, float* part) {
+    const int64_t n = j1 - j0 > 0 ? j1 - j0 : 0, D = a.D, pairs = a.rep * a.T;
+    auto out = [&](int64_t p) {  // pair p = i * rep + r
+        return part + ((p / a.rep) * Hq + a.g * a.rep + p % a.rep) * (D + 2);
+    };
+    for (int64_t p = 0; p < pairs; p++) {
+        float* o = out(p);
+        o[0] = -INFINITY;
+        o[1] = 0.0f;
+        for (int64_t d = 0; d < D; d++) o[2 + d] = 0.0f;
+    }
+    if (n == 0) return;
+    for (int64_t j = j0; j < j1; j++) {
+        const float* key = j >= a.past ? a.k_new + (j - a.past) * a.kv_t : a.k + j * D;
+        for (int64_t p = 0; p < pairs; p++) {
+            const int64_t i = p / a.rep, r = p % a.rep;
+            s[p * n + j - j0] = sees(a, i, j)
+                ? dot(a.q + i * a.q_t + (a.g * a.rep + r) * D, key, D) * a.scale
+                : -INFINITY;
+        }
+    }
+    for (int64_t p = 0; p < pairs; p++) {
+        float* sr = s + p * n;
+        __m512 top = _mm512_set1_ps(-INFINITY);
+        for (int64_t i = 0; i < n; i += 16) {
+            const __mmask16 mk = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+            top = _mm512_mask_max_ps(top, mk, top, _mm512_maskz_loadu_ps(mk, sr + i));
+        }
+        const float mx = _mm512_reduce_max_ps(top);
+        if (mx == -INFINITY) {  // this pair sees none of these positions
+            for (int64_t i = 0; i < n; i++) sr[i] = 0.0f;
+            continue;
+        }
+        const __m512 mv = _mm512_set1_ps(mx);
+        __m512 sum = _mm512_setzero_ps();
+        for (int64_t i = 0; i < n; i += 16) {
+            const __mmask16 mk = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+            const __m512 e = specd::exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, sr + i), mv));
+            const __m512 p = _mm512_maskz_mov_ps(mk, e);  // masked positions: exp(-inf) = 0
+            _mm512_mask_storeu_ps(sr + i, mk, p);
+            sum = _mm512_add_ps(sum, p);
+        }
+        float* o = out(p);
+        o[0] = mx;
+        o[1] = _mm512_reduce_add_ps(sum);
+    }
+    // outputs: each value row once per four pairs, 64 columns of them in registers
+    for (int64_t p0 = 0; p0 < pairs; p0 += 4) {
+        const int64_t np = pairs - p0 < 4 ? pairs - p0 : 4;
+        for (int64_t c = 0; c < D; c += 64) {
+            const int64_t w = D - c < 64 ? (D - c) / 16 : 4;  // vectors of this slice
+            __m512 acc[4][4];
+            for (int x = 0; x < 4; x++)
+                for (int y = 0; y < 4; y++) acc[x][y] = _mm512_setzero_ps();
+            for (int64_t j = j0; j < j1; j++) {
+                const float* val = (j >= a.past ? a.v_new + (j - a.past) * a.kv_t : a.v + j * D) + c;
+                __m512 vv[4];
+                for (int y = 0; y < 4; y++)
+                    vv[y] = y < w ? _mm512_loadu_ps(val + 16 * y) : _mm512_setzero_ps();
+                for (int x = 0; x < 4; x++) {
+                    if (x >= np) break;
+                    const __m512 pr = _mm512_set1_ps(s[(p0 + x) * n + j - j0]);
+                    for (int y = 0; y < 4; y++) acc[x][y] = _mm512_fmadd_ps(pr, vv[y], acc[x][y]);
+                }
+            }
+            for (int x = 0; x < np; x++)
+                for (int y = 0; y < w; y++) _mm512_storeu_ps(out(p0 + x) + 2 + c + 16 * y, acc[x][y]);
+        }
+    }
+}
+
+// Sizes of the parts of the work buffer.
+struct Layout {
+    int64_t shared, own, chunk;
+};
+
+Layout layout(int64_t H, int64_t I, int64_t Hq, int64_t KV, int64_t D, int64_t T, int64_t past,
+              int threads) {
+    Layout l;
+    l.shared = T * (H + (Hq + 2 * KV) * D + threads * Hq * (D + 2) + H + 3 * I);
+    l.chunk = Hq / KV * T * (past + T);  // a thread's scores: at most every position
+    l.own = T * (H + Hq * D + 2 * KV * D + Hq * D) + l.chunk;
+    return l;
+}
+
+}  // namespace
+
+extern "C" {
+
+int64_t specd_decode_step_max_tokens() { return MAX_T; }
+
+// Floats of the `work` buffer specd_decode_step needs for T new tokens and `threads`
+// threads at `past` cached positions.
+int64_t specd_decode_step_work(int64_t H, int64_t I, int64_t Hq, int64_t KV, int64_t D, int64_t T,
+                               int64_t past, int threads) {
+    const Layout l = layout(H, I, Hq, KV, D, T, past, threads);
+    return l.shared + threads * l.own;
+}
+
+// layers: L * PER_LAYER weight pointers (see the enum); caches: L * 4 values, the key and
+// value buffers of the layer ([KV, capacity, D], rows of D contiguous) and the distance
+// between their heads, in floats. x: the new tokens' embeddings [T, H]; cos, sin: [T, D]
+// at their positions; past: positions already cached (the new tokens' keys and values go
+// to positions past .. past + T - 1); tree: [T, T] bytes, nonzero where new token i sees
+// new token j, or null for a chain. norm: the final norm's weight; lm [V, H], lm_b [V] or
+// null. Writes logits [T, V] and hidden [T, H] (the final norm's output). work:
+// specd_decode_step_work floats. Sizes H, I, D multiples of 16; Hq a multiple of KV;
+// 1 <= T <= MAX_T.
+void specd_decode_step(const float* const* layers, int64_t L, const int64_t* caches, int64_t H,
+                       int64_t I, int64_t Hq, int64_t KV, int64_t D, float eps, float scale,
+                       const float* x, const float* cos, const float* sin, int64_t T,
+                       int64_t past, const uint8_t* tree, const float* norm, const float* lm,
+                       const float* lm_b, int64_t V, float* logits, float* hidden, float* work,
+                       int threads) {
+    const int64_t QD = Hq * D, KD = KV * D, rep = Hq / KV, QKV = QD + 2 * KD;
+    const Layout lay = layout(H, I, Hq, KV, D, T, past, threads);
+    float* h = work;  // the residual stream [T, H]
+    float* qkv = h + T * H;  // [T, QKV]
+    float* part = qkv + T * QKV;  // per thread, token and head: m, l, o [D]
+    float* mid = part + threads * T * Hq * (D + 2);  // h after attention [T, H]
+    float* gate = mid + T * H;  // [T, I]
+    float* up = gate + T * I;  // [T, I]
+    float* act = up + T * I;  // [T, I]
+    float* own0 = act + T * I;
+    memcpy(h, x, T * H * sizeof(float));
+#pragma omp parallel num_threads(threads)
+    {
+        const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        float* xn = own0 + t * lay.own;  // normed inputs [T, H]
+        float* q = xn + T * H;  // rotated queries [T, QD]
+        float* kn = q + T * QD;  // the new tokens' rotated keys [T, KD]
+        float* vn = kn + T * KD;  // and values [T, KD]
+        float* o = vn + T * KD;  // attention outputs [T, QD]
+        float* s = o + T * QD;  // scores [chunk]
+        float* mine = part + t * T * Hq * (D + 2);
+        int64_t lo, hi;
+        for (int64_t layer = 0; layer < L; layer++) {
+            const float* const* w = layers + layer * PER_LAYER;
+            float* kc = (float*)caches[layer * 4];
+            float* vc = (float*)caches[layer * 4 + 1];
+            const int64_t kh = caches[layer * 4 + 2], vh = caches[layer * 4 + 3];
+            for (int64_t i = 0; i < T; i++) rmsnorm(h + i * H, w[LN1], H, eps, xn + i * H);
+            // q, k and v as one run of QKV rows, shared out
+            share(QKV, t, nt, &lo, &hi);
+            if (lo < QD) rows(w[WQ], w[BQ], H, xn, H, T, lo, hi < QD ? hi : QD, qkv, QKV);
+            if (hi > QD && lo < QD + KD) {
+                const int64_t a = lo > QD ? lo - QD : 0, b = hi < QD + KD ? hi - QD : KD;
+                rows(w[WK], w[BK], H, xn, H, T, a, b, qkv + QD, QKV);
+            }
+            if (hi > QD + KD) {
+                const int64_t a = lo > QD + KD ? lo - QD - KD : 0, b = hi - QD - KD;
+                rows(w[WV], w[BV], H, xn, H, T, a, b, qkv + QD + KD, QKV);
+            }
+#pragma omp barrier
+            for (int64_t i = 0; i < T; i++) {
+                const float* row = qkv + i * QKV;
+                rotary(row, cos + i * D, sin + i * D, Hq, D, q + i * QD);
+                rotary(row + QD, cos + i * D, sin + i * D, KV, D, kn + i * KD);
+                memcpy(vn + i * KD, row + QD + KD, KD * sizeof(float));
+            }
+            if (t == 0)
+                for (int64_t g = 0; g < KV; g++)
+                    for (int64_t i = 0; i < T; i++) {
+                        memcpy(kc + g * kh + (past + i) * D, kn + i * KD + g * D, D * sizeof(float));
+                        memcpy(vc + g * vh + (past + i) * D, vn + i * KD + g * D, D * sizeof(float));
+                    }
+            // positions [0, past + T) shared out; the new ones read from kn, vn, never the
+            // cache (thread 0 may be writing them)
+            share(past + T, t, nt, &lo, &hi);
+            for (int64_t g = 0; g < KV; g++) {
+                const Group grp{q, QD, g, rep, T, past, D, kc + g * kh, vc + g * vh,
+                                kn + g * D, vn + g * D, KD, tree, scale};
+                attend_group(grp, Hq, lo, hi, s, mine);
+            }
+#pragma omp barrier
+            // every thread merges the parts into its own copy of the outputs
+            for (int64_t ih = 0; ih < T * Hq; ih++) {
+                float top = -INFINITY;
+                for (int u = 0; u < nt; u++) {
+                    const float mu = part[(u * T * Hq + ih) * (D + 2)];
+                    top = mu > top ? mu : top;
+                }
+                float total = 0.0f;
+                float* out = o + ih * D;  // token ih / Hq, head ih % Hq
+                for (int64_t d = 0; d < D; d++) out[d] = 0.0f;
+                for (int u = 0; u < nt; u++) {
+                    const float* p = part + (u * T * Hq + ih) * (D + 2);
+                    if (p[1] == 0.0f) continue;  // none of its positions seen
+                    const float f = expf(p[0] - top);
+                    total += p[1] * f;
+                    for (int64_t d = 0; d < D; d++) out[d] += p[2 + d] * f;
+                }
+                const float inv = 1.0f / total;
+                for (int64_t d = 0; d < D; d++) out[d] *= inv;
+            }
+            share(H, t, nt, &lo, &hi);
+            rows(w[WO], w[BO], QD, o, QD, T, lo, hi, mid, H);
+            for (int64_t i = 0; i < T; i++)
+                for (int64_t r = lo; r < hi; r++) mid[i * H + r] += h[i * H + r];
+#pragma omp barrier
+            for (int64_t i = 0; i < T; i++) rmsnorm(mid + i * H, w[LN2], H, eps, xn + i * H);
+            share(I, t, nt, &lo, &hi);
+            rows(w[WG], nullptr, H, xn, H, T, lo, hi, gate, I);
+            rows(w[WU], nullptr, H, xn, H, T, lo, hi, up, I);
+            for (int64_t i = 0; i < T; i++) silu_mul(gate + i * I, up + i * I, lo, hi, act + i * I);
+#pragma omp barrier
+            share(H, t, nt, &lo, &hi);
+            rows(w[WD], nullptr, I, act, I, T, lo, hi, h, H);
+            for (int64_t i = 0; i < T; i++)
+                for (int64_t r = lo; r < hi; r++) h[i * H + r] += mid[i * H + r];
+#pragma omp barrier
+        }
+        for (int64_t i = 0; i < T; i++) rmsnorm(h + i * H, norm, H, eps, xn + i * H);
+        if (t == 0) memcpy(hidden, xn, T * H * sizeof(float));
+        share(V, t, nt, &lo, &hi);
+        rows(lm, lm_b, H, xn, H, T, lo, hi, logits, V);
+    }
+}
+
+}  // extern "C"

@@ -1,0 +1,181 @@
+"""specd's step kernel (specd/csrc/decode_step.cpp, the ``kernel`` compile backend): every
+pass it serves computes what the eager lean forward computes, greedy output stays
+token-identical to plain decoding, and it steps aside, saying why, where it cannot run."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from test_compiled import VOCAB, replay_session
+
+from specd import Engine, SamplingParams, cpu_kernels
+from specd.compiled import default_backend, kernel_step, kernel_usable
+from specd.target import Target
+from specd.tiny import CharTokenizer, tiny_model
+
+needs_kernel = pytest.mark.skipif(
+    not cpu_kernels.available(), reason=f"CPU kernels unavailable: {cpu_kernels.reason}"
+)
+
+
+def _model(hidden: int = 64, layers: int = 2, seed: int = 5):
+    """A tiny float32 Llama the kernel takes (16-wide heads)."""
+    return tiny_model(VOCAB, hidden_size=hidden, num_layers=layers, seed=seed, logit_scale=8.0,
+                      dtype=torch.float32)  # fmt: skip
+
+
+def _qwen2(seed: int = 6):
+    """A tiny float32 Qwen2: biases on the query, key and value products."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=512,
+        tie_word_embeddings=True, use_sliding_window=False,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(cfg).float().eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0, 0.5)  # biases that matter
+    return model
+
+
+def _pair(model) -> tuple[Target, Target]:
+    eager = Target(model, CharTokenizer(VOCAB))
+    kernel = Target(model, CharTokenizer(VOCAB))
+    step = kernel.compile("on", backend="kernel")
+    assert step is not None and step.ready, step and step.reason
+    return eager, kernel
+
+
+@needs_kernel
+@pytest.mark.parametrize("make,seed", [(_model, 7), (_model, 8), (_qwen2, 9)])
+def test_every_pass_equals_the_eager_pass(make, seed):
+    """Chains and trees of 1 to 16 tokens over a cache that grows, keeping a random path
+    after each as the engine does: logits and hidden states to float32 rounding."""
+    eager, kernel = _pair(make())
+    step = kernel.compiled
+    assert step.backend == "kernel" and step.max_tokens == 16
+    assert replay_session(eager, kernel, seed=seed, steps=14, tol=2e-5) == 14
+    assert step.served == 14 and step.ready
+
+
+@needs_kernel
+def test_greedy_output_is_identical_to_plain_decoding():
+    eager, kernel = _pair(_model(layers=3))
+    params = SamplingParams(max_tokens=48)
+    prompt = "abcabcabd abcab abcabc"
+    plain = Engine(eager, drafter="none").generate(prompt, params)
+    for drafter in ("none", "ngram"):
+        before = kernel.compiled.served
+        out = Engine(kernel, drafter=drafter).generate(prompt, params)
+        assert out.token_ids == plain.token_ids, drafter
+        assert kernel.compiled.served > before  # its passes ran the kernel
+
+
+@needs_kernel
+def test_auto_compile_on_cpu_uses_the_kernel_where_it_takes_the_model():
+    target = Target(_model(), CharTokenizer(VOCAB))
+    assert default_backend(target.fast) == "kernel"
+    step = target.compile("auto")
+    assert step is not None and step.backend == "kernel" and step.ready
+    # 32-wide model: 8-wide heads the kernel does not take; auto stays eager on a CPU
+    odd = Target(tiny_model(VOCAB, dtype=torch.float32), CharTokenizer(VOCAB))
+    assert not kernel_usable(odd.fast)
+    assert default_backend(odd.fast) == "inductor"
+    assert odd.compile("auto") is None
+    with pytest.raises(ValueError, match="multiples of 16.*head size 8"):
+        kernel_step(odd.fast)
+
+
+@needs_kernel
+def test_a_model_it_cannot_take_falls_back_to_eager_with_the_reason(caplog):
+    target = Target(tiny_model(VOCAB, dtype=torch.float32), CharTokenizer(VOCAB))
+    with caplog.at_level(logging.WARNING, logger="specd.compiled"):
+        step = target.compile("on", backend="kernel")
+    assert step is not None and step.state == "failed"
+    assert "head size 8" in step.reason and "head size 8" in caplog.text
+    cache = target.new_cache()
+    target.prefill(cache, [1, 2, 3])
+    assert target.forward(cache, [4]).logits.shape == (1, VOCAB)  # eager
+
+
+@needs_kernel
+def test_float64_weights_are_refused_naming_them():
+    target = Target(_model().double(), CharTokenizer(VOCAB))
+    with pytest.raises(ValueError, match="contiguous float32"):
+        kernel_step(target.fast)
+    step = target.compile("on", backend="kernel")
+    assert step is not None and step.state == "failed" and "float32" in step.reason
+
+
+@needs_kernel
+def test_bad_calls_are_refused_with_what_was_wrong():
+    eager, kernel = _pair(_model())
+    fast = kernel.fast
+    run = kernel_step(fast)
+    cache = kernel.new_cache(capacity=32)
+    kernel.prefill(cache, [1, 2, 3, 4])
+    bufs = cache.buffers(6)
+    cos, sin = fast.rotary_tables(fast.embed[None, :1], torch.tensor([[4]]))
+    with pytest.raises(ValueError, match="outside 0..39"):
+        run(torch.tensor([VOCAB]), cos, sin, bufs, 4)
+    with pytest.raises(ValueError, match="17 new tokens"):
+        run(torch.zeros(17, dtype=torch.long), cos, sin, bufs, 4)
+    with pytest.raises(ValueError, match="1 cache layers"):
+        run(torch.tensor([1]), cos, sin, bufs[:1], 4)
+    with pytest.raises(ValueError, match="cos must be float32"):
+        run(torch.tensor([1]), cos.double(), sin, bufs, 4)
+    with pytest.raises(ValueError, match="tree mask"):
+        run(torch.tensor([1, 2]), cos.expand(1, 1, 2, -1), sin.expand(1, 1, 2, -1), bufs, 4,
+            torch.ones(3, 3, dtype=torch.bool))  # fmt: skip
+    half = [(k.half(), v.half()) for k, v in bufs]
+    with pytest.raises(ValueError, match="cannot take positions 4-4"):
+        run(torch.tensor([1]), cos, sin, half, 4)
+    short = [(k[:, :, :4], v[:, :, :4]) for k, v in bufs]
+    with pytest.raises(ValueError, match="cannot take positions 4-4"):
+        run(torch.tensor([1]), cos, sin, short, 4)
+
+
+@needs_kernel
+def test_a_cache_in_another_dtype_turns_the_step_off_and_runs_eager(caplog):
+    eager, kernel = _pair(_model())
+    cache = kernel.new_cache(capacity=16)
+    for layer in cache._layers:  # what a half-precision cache holds
+        layer._dtype = torch.float16
+    kernel.prefill(cache, [1, 2, 3])
+    with caplog.at_level(logging.WARNING, logger="specd.compiled"):
+        out = kernel.forward(cache, [4])
+    assert out.logits.shape == (1, VOCAB)
+    assert kernel.compiled.state == "failed" and "float16" in kernel.compiled.reason
+
+
+@needs_kernel
+def test_a_mask_hiding_cached_positions_runs_eager():
+    eager, kernel = _pair(_model())
+    step = kernel.compiled
+    cache = kernel.new_cache(capacity=16)
+    kernel.prefill(cache, [1, 2, 3, 4])
+    ids = torch.tensor([[5, 6]])
+    mask = torch.zeros(1, 1, 2, 6)
+    mask[0, 0, 1, 2] = torch.finfo(torch.float32).min
+    assert step.run(cache, ids, torch.tensor([[4, 5]]), mask) is None
+    assert cache.length == 4 and step.ready
+
+
+def test_the_environment_switch_leaves_the_step_to_inductor(monkeypatch):
+    monkeypatch.setenv("SPECD_CPU_KERNELS", "off")
+    cpu_kernels._reset()
+    try:
+        target = Target(_model(), CharTokenizer(VOCAB))
+        assert default_backend(target.fast) == "inductor"
+        assert target.compile("auto") is None  # a CPU without the kernel: eager, as before
+        step = target.compile("on", backend="kernel")
+        assert step is not None and step.state == "failed" and "SPECD_CPU_KERNELS" in step.reason
+    finally:
+        monkeypatch.delenv("SPECD_CPU_KERNELS")
+        cpu_kernels._reset()
