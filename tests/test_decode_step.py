@@ -52,8 +52,13 @@ def _pair(model) -> tuple[Target, Target]:
     return eager, kernel
 
 
+def _wide():
+    """64-wide heads: the kernel's blocked scores (four query heads by four keys)."""
+    return _model(hidden=256, seed=10)
+
+
 @needs_kernel
-@pytest.mark.parametrize("make,seed", [(_model, 7), (_model, 8), (_qwen2, 9)])
+@pytest.mark.parametrize("make,seed", [(_model, 7), (_model, 8), (_qwen2, 9), (_wide, 11)])
 def test_every_pass_equals_the_eager_pass(make, seed):
     """Chains and trees of 1 to 16 tokens over a cache that grows, keeping a random path
     after each as the engine does: logits and hidden states to float32 rounding."""

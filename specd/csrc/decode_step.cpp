@@ -139,6 +139,23 @@ inline float dot(const float* a, const float* b, int64_t n) {
     return _mm512_reduce_add_ps(acc);
 }
 
+// Lane i of the result: the sum of the lanes of v[i] (a transpose and add, 45 operations
+// for sixteen sums).
+inline __m512 sum16(const __m512* v) {
+    __m512 t[8], u[4];
+    for (int i = 0; i < 8; i++)  // per 128 bits: a0+a2, b0+b2, a1+a3, b1+b3
+        t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                             _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 4; i++) {  // per 128 bits: the four vectors' partial sums
+        const __m512d x = _mm512_castps_pd(t[2 * i]), y = _mm512_castps_pd(t[2 * i + 1]);
+        u[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+    }
+    const __m512 a = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x88), _mm512_shuffle_f32x4(u[0], u[1], 0xDD));
+    const __m512 b = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x88), _mm512_shuffle_f32x4(u[2], u[3], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xDD));
+}
+
 struct Group {
     const float* q;  // rotated queries of the new tokens: token i, head h at q[i * q_t + h * D]
     int64_t q_t;
@@ -174,15 +191,44 @@ void attend_group(const Group& a, int64_t Hq, int64_t j0, int64_t j1, float* s, 
         for (int64_t d = 0; d < D; d++) o[2 + d] = 0.0f;
     }
     if (n == 0) return;
-    for (int64_t j = j0; j < j1; j++) {
-        const float* key = j >= a.past ? a.k_new + (j - a.past) * a.kv_t : a.k + j * D;
-        for (int64_t p = 0; p < pairs; p++) {
-            const int64_t i = p / a.rep, r = p % a.rep;
-            s[p * n + j - j0] = sees(a, i, j)
-                ? dot(a.q + i * a.q_t + (a.g * a.rep + r) * D, key, D) * a.scale
-                : -INFINITY;
+    auto key = [&](int64_t j) { return j >= a.past ? a.k_new + (j - a.past) * a.kv_t : a.k + j * D; };
+    auto query = [&](int64_t p) { return a.q + (p / a.rep) * a.q_t + (a.g * a.rep + p % a.rep) * D; };
+    int64_t done = 0;  // pairs scored in blocks
+    if (D == 64) {
+        // four pairs by four keys at a time: sixteen dot products in registers, summed
+        // across their lanes together (sum16)
+        const int64_t nk = n / 4 * 4;
+        for (; done + 4 <= pairs; done += 4) {
+            const float* qp[4] = {query(done), query(done + 1), query(done + 2), query(done + 3)};
+            for (int64_t j = j0; j < j0 + nk; j += 4) {
+                const float* kp[4] = {key(j), key(j + 1), key(j + 2), key(j + 3)};
+                __m512 acc[16];
+                for (int x = 0; x < 16; x++) acc[x] = _mm512_setzero_ps();
+                for (int c = 0; c < 64; c += 16) {
+                    __m512 kv[4];
+                    for (int y = 0; y < 4; y++) kv[y] = _mm512_loadu_ps(kp[y] + c);
+                    for (int x = 0; x < 4; x++) {
+                        const __m512 qv = _mm512_loadu_ps(qp[x] + c);
+                        for (int y = 0; y < 4; y++) acc[x * 4 + y] = _mm512_fmadd_ps(qv, kv[y], acc[x * 4 + y]);
+                    }
+                }
+                const __m512 sums = _mm512_mul_ps(sum16(acc), _mm512_set1_ps(a.scale));
+                alignas(64) float out[16];
+                _mm512_store_ps(out, sums);
+                for (int x = 0; x < 4; x++) {
+                    float* row = s + (done + x) * n + (j - j0);
+                    const int64_t i = (done + x) / a.rep;
+                    for (int y = 0; y < 4; y++) row[y] = j + y < a.past || sees(a, i, j + y) ? out[x * 4 + y] : -INFINITY;
+                }
+            }
+            for (int64_t j = j0 + nk; j < j1; j++)
+                for (int64_t p = done; p < done + 4; p++)
+                    s[p * n + j - j0] = sees(a, p / a.rep, j) ? dot(query(p), key(j), D) * a.scale : -INFINITY;
         }
     }
+    for (int64_t j = j0; j < j1; j++)
+        for (int64_t p = done; p < pairs; p++)
+            s[p * n + j - j0] = sees(a, p / a.rep, j) ? dot(query(p), key(j), D) * a.scale : -INFINITY;
     for (int64_t p = 0; p < pairs; p++) {
         float* sr = s + p * n;
         __m512 top = _mm512_set1_ps(-INFINITY);
