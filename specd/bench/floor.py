@@ -108,7 +108,8 @@ def measure(
         the trials' step ÷ floor), ``ratio_lo`` and ``ratio_hi`` (the least and greatest
         trial), ``trials`` (each trial's ``copy_gb_s``, ``step_s``, ``ratio``),
         ``step_min_s`` and ``ratio_min`` (the fastest step of all), ``compiled`` (whether
-        the step timed was the compiled one), ``compile_s`` (what compiling it took),
+        the step timed was the compiled one), ``backend`` (its compile backend),
+        ``compile_s`` (what compiling it took),
         ``eager_step_s`` and ``compiled_speedup``
         (eager ÷ compiled median, None without a compiled step), ``weight_bytes``,
         ``kv_bytes`` (the cache a step also reads at that context), ``context``, and
@@ -156,6 +157,7 @@ def measure(
         "ratio_min": min(all_times) / floor,
         "compiled": compiled,
         "compile_s": target.compiled.compile_s if compiled and target.compiled else None,
+        "backend": target.compiled.backend if compiled and target.compiled else None,
         "eager_step_s": eager_step,
         "compiled_speedup": eager_step / step if eager_step else None,
         "weight_bytes": weights,

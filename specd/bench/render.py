@@ -60,7 +60,8 @@ def markdown(report: dict[str, Any]) -> str:
                 f" Median of {len(fl['trials'])} trials (bandwidth, then steps), spread "
                 f"{fl['ratio_lo']:.2f}–{fl['ratio_hi']:.2f}×; step "
                 f"{'compiled' if fl.get('compiled') else 'eager'}"
-                + (f" (compiled in {fl['compile_s']:.0f} s)." if fl.get("compile_s") else ".")
+                + (f", {fl['backend']}" if fl.get("backend") else "")
+                + (f" (ready in {fl['compile_s']:.1f} s)." if fl.get("compile_s") else ".")
             )
         if fl.get("compiled_speedup"):
             lines[-1] += (

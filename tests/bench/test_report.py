@@ -145,10 +145,11 @@ def test_markdown_has_a_row_per_config(report):
 
 def test_markdown_says_whether_the_floor_step_was_compiled_and_how_long_that_took(report):
     floor = {**report["floor"], "compiled": True, "compile_s": 31.4, "ratio_lo": 1.4}
-    floor.update(ratio_hi=1.7, eager_step_s=0.026, compiled_speedup=1.3)
+    floor.update(ratio_hi=1.7, eager_step_s=0.026, compiled_speedup=1.3, backend="kernel")
     md = render.markdown({**report, "floor": floor})
-    assert "step compiled (compiled in 31 s). Eager step 26.0 ms" in md
+    assert "step compiled, kernel (ready in 31.4 s). Eager step 26.0 ms" in md
     eager = {**floor, "compiled": False, "compile_s": None, "compiled_speedup": None}
+    eager["backend"] = None
     assert "spread 1.40–1.70×; step eager." in render.markdown({**report, "floor": eager})
 
 
