@@ -5,21 +5,24 @@ small elementwise operations per layer from Python. Compiled, the step runs as o
 specd's own step kernel (x86 CPUs with AVX-512), as a few fused loops (other CPUs:
 ``torch.compile`` with inductor) or as one replayed CUDA graph (CUDA).
 
-What runs compiled: on CUDA the decode and verify passes (the pending token and a draft, a
-chain or a tree, at most :data:`MAX_TOKENS` tokens), on a CPU the one-token decode step, on
-top of a cache that already holds tokens. Prefill, early exit and everything else run
+What runs compiled: the decode and verify passes (the pending token and a draft, a chain
+or a tree, at most :data:`MAX_TOKENS` tokens) on CUDA and through the step kernel, the
+one-token decode step through inductor on a CPU, on top of a cache that already holds
+tokens. Prefill, early exit and everything else run
 eager, as does every pass until the compiled step is ready.
 
 How a step meets the cache: it writes its keys and values into the cache's whole buffers
 (:meth:`specd.kvcache.KVCache.buffers`) at positions given as a tensor, then attends over
 the first ``span`` positions with an additive mask.
 
-- ``kernel`` (CPU): the whole one-token step in one C++ call
+- ``kernel`` (CPU): a whole pass of 1-16 tokens in one C++ call
   (:class:`specd.cpu_kernels.DecodeStep`, ``specd/csrc/decode_step.cpp``): every product's
   rows shared out between the threads in one parallel region, attention over the cache
-  split by position. Ready as soon as the kernels are built (a second, once per machine)
-  and its first step matches the eager one; on a 2-vCPU EPYC it ran a 1k-context step in
-  ~15 ms where the inductor step took 20-26 and the eager one 28-45 (docs/benchmarks.md).
+  split by position; passes whose mask hides a cached position run eager. Ready as soon as
+  the kernels are built (a second, once per machine) and its first one- and five-token
+  passes match the eager ones; on a 2-vCPU EPYC it ran a 1k-context step in ~15 ms where
+  the inductor step took 20-26 and the eager one 28-45, and an 8-token verify pass in ~22
+  ms against ~41 eager (docs/benchmarks.md).
 - ``inductor``: shapes are dynamic and ``span`` is the live length plus the step's tokens.
   On a CPU one graph, the one-token step, serves every cache length; its products and its
   attention are written as plain reductions the compiler fuses into loops that stream the
@@ -244,13 +247,13 @@ class CompiledStep:
         past = cache.length
         if not 1 <= t <= self.max_tokens or past == 0:
             return None
-        # The new tokens' mask among themselves [T, T]; the cached prefix is visible to all.
         if self.backend == "kernel":
             out = self._run_kernel(cache, ids, position_ids, mask)
             if out is not None:
                 cache.advance(t)
                 self.served += 1
             return out
+        # The new tokens' mask among themselves [T, T]; the cached prefix is visible to all.
         block = mask[0, 0, :, past:] if mask is not None else _causal(t, self.fast.embed)
         if self.backend == "inductor":
             out = self._run_dynamic(cache, ids, position_ids, block, allow_recompile)

@@ -1,19 +1,26 @@
-"""Attention written for x86-64 CPUs with AVX-512, built on first use with the machine's C++
-compiler (``specd/csrc/attention.cpp``).
+"""Kernels written for x86-64 CPUs with AVX-512, built on first use with the machine's C++
+compiler into one library (``specd/csrc/``).
 
-The lean forward (:mod:`specd.fastpath`) calls it for passes of at least :data:`MIN_TOKENS`
-new tokens over a float32 cache with 64-dimensional heads: a prefill, from an empty cache
-or a chunk on top of one (a tree mask is taken too). On a 2-vCPU AMD EPYC it ran the
-causal attention of a 1,024-token prompt (9 query heads, 3 key/value heads) in 6.2 ms a
-layer where PyTorch's CPU flash kernel took 12.4 ms (``scripts/attention_kernel.py``). Its
-outputs differ from ``scaled_dot_product_attention``'s by float32 rounding (the order of
-the sums), as two such kernels do; greedy output stayed token-identical to plain decoding
-in every benchmark run (docs/benchmarks.md).
+**Attention** (``attention.cpp``, :func:`attention`). The lean forward
+(:mod:`specd.fastpath`) calls it for passes of at least :data:`MIN_TOKENS` new tokens over a
+float32 cache with 64-dimensional heads: a prefill, from an empty cache or a chunk on top
+of one (a tree mask is taken too). On a 2-vCPU AMD EPYC it ran the causal attention of a
+1,024-token prompt (9 query heads, 3 key/value heads) in 6.2 ms a layer where PyTorch's CPU
+flash kernel took 12.4 ms (``scripts/attention_kernel.py``). Its outputs differ from
+``scaled_dot_product_attention``'s by float32 rounding (the order of the sums), as two such
+kernels do; greedy output stayed token-identical to plain decoding in every benchmark run
+(docs/benchmarks.md).
+
+**The step** (``decode_step.cpp``, :class:`DecodeStep`). A whole decode or verify pass of
+1-:data:`STEP_TOKENS` new tokens of a Llama-style decoder in one call: the compiled step's
+``kernel`` backend (:mod:`specd.compiled`). On the same EPYC a one-token step at 1,024
+cached tokens took ~15 ms against ~34 eager, an 8-token pass ~22 against ~41
+(``scripts/step_kernel.py``).
 
 Built once per machine into the cache directory (:func:`specd.models.cache_dir`), keyed by
-the source, the compiler and its flags; where there is no compiler, no AVX-512, or the
-build fails, the reason is logged once and attention runs through PyTorch as before.
-``SPECD_CPU_KERNELS=off`` turns it off.
+the sources, the compiler and its flags; where there is no compiler, no AVX-512, or the
+build fails, the reason is logged once and everything runs through PyTorch as before.
+``SPECD_CPU_KERNELS=off`` turns both off.
 """
 
 from __future__ import annotations
@@ -136,8 +143,8 @@ LAYER_WEIGHTS = ("ln1", "wq", "bq", "wk", "bk", "wv", "bv", "wo", "bo", "ln2", "
 
 
 class DecodeStep:
-    """One decode step (one new token over a float32 KV cache) of a Llama-style decoder,
-    the whole of it in one call (``specd/csrc/decode_step.cpp``).
+    """A decode or verify pass (1-:data:`STEP_TOKENS` new tokens over a float32 KV cache)
+    of a Llama-style decoder, the whole of it in one call (``specd/csrc/decode_step.cpp``).
 
     :param layers: each layer's weights in :data:`LAYER_WEIGHTS` order, as ``[out, in]``
         matrices and vectors.
