@@ -57,8 +57,26 @@ def _wide():
     return _model(hidden=256, seed=10)
 
 
+def _wide3(seed: int = 12):
+    """64-wide heads, three query heads a group (the small model's shape): blocks of four,
+    then of one, two or three query rows."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=192, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=3, num_key_value_heads=1, max_position_embeddings=512,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg).float().eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    return model
+
+
 @needs_kernel
-@pytest.mark.parametrize("make,seed", [(_model, 7), (_model, 8), (_qwen2, 9), (_wide, 11)])
+@pytest.mark.parametrize(
+    "make,seed", [(_model, 7), (_model, 8), (_qwen2, 9), (_wide, 11), (_wide3, 13)]
+)
 def test_every_pass_equals_the_eager_pass(make, seed):
     """Chains and trees of 1 to 16 tokens over a cache that grows, keeping a random path
     after each as the engine does: logits and hidden states to float32 rounding."""

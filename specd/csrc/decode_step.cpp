@@ -175,6 +175,39 @@ inline bool sees(const Group& a, int64_t i, int64_t j) {
     return a.tree == nullptr ? n <= i : a.tree[i * a.T + n] != 0;
 }
 
+// Scores (scaled, -inf where unseen) of pairs [p0, p0 + NP) over positions [j0, j1) into
+// s (row p at s + p * n), 64-wide heads: NP pairs by four keys at a time in registers.
+template <int NP, class Query, class Key>
+inline void score_block(const Group& a, const Query& query, const Key& key, int64_t j0, int64_t j1,
+                        int64_t n, int64_t p0, float* s) {
+    const float* qp[NP];
+    for (int x = 0; x < NP; x++) qp[x] = query(p0 + x);
+    const int64_t nk = n / 4 * 4;
+    for (int64_t j = j0; j < j0 + nk; j += 4) {
+        const float* kp[4] = {key(j), key(j + 1), key(j + 2), key(j + 3)};
+        __m512 acc[16];
+        for (int x = 0; x < 16; x++) acc[x] = _mm512_setzero_ps();
+        for (int c = 0; c < 64; c += 16) {
+            __m512 kv[4];
+            for (int y = 0; y < 4; y++) kv[y] = _mm512_loadu_ps(kp[y] + c);
+            for (int x = 0; x < NP; x++) {
+                const __m512 qv = _mm512_loadu_ps(qp[x] + c);
+                for (int y = 0; y < 4; y++) acc[x * 4 + y] = _mm512_fmadd_ps(qv, kv[y], acc[x * 4 + y]);
+            }
+        }
+        alignas(64) float out[16];
+        _mm512_store_ps(out, _mm512_mul_ps(sum16(acc), _mm512_set1_ps(a.scale)));
+        for (int x = 0; x < NP; x++) {
+            float* row = s + (p0 + x) * n + (j - j0);
+            const int64_t i = (p0 + x) / a.rep;
+            for (int y = 0; y < 4; y++) row[y] = j + y < a.past || sees(a, i, j + y) ? out[x * 4 + y] : -INFINITY;
+        }
+    }
+    for (int64_t j = j0 + nk; j < j1; j++)
+        for (int64_t p = p0; p < p0 + NP; p++)
+            s[p * n + j - j0] = sees(a, p / a.rep, j) ? dot(query(p), key(j), 64) * a.scale : -INFINITY;
+}
+
 // The attention of the group's rep query heads of every new token over positions
 // [j0, j1): per (head r, token i) the running maximum m, sum l and unnormalised output o
 // [D], at part + (i * Hq + g * rep + r) * (D + 2). Each key and value row is read once for
@@ -194,36 +227,17 @@ void attend_group(const Group& a, int64_t Hq, int64_t j0, int64_t j1, float* s, 
     auto key = [&](int64_t j) { return j >= a.past ? a.k_new + (j - a.past) * a.kv_t : a.k + j * D; };
     auto query = [&](int64_t p) { return a.q + (p / a.rep) * a.q_t + (a.g * a.rep + p % a.rep) * D; };
     int64_t done = 0;  // pairs scored in blocks
-    if (D == 64) {
-        // four pairs by four keys at a time: sixteen dot products in registers, summed
-        // across their lanes together (sum16)
-        const int64_t nk = n / 4 * 4;
-        for (; done + 4 <= pairs; done += 4) {
-            const float* qp[4] = {query(done), query(done + 1), query(done + 2), query(done + 3)};
-            for (int64_t j = j0; j < j0 + nk; j += 4) {
-                const float* kp[4] = {key(j), key(j + 1), key(j + 2), key(j + 3)};
-                __m512 acc[16];
-                for (int x = 0; x < 16; x++) acc[x] = _mm512_setzero_ps();
-                for (int c = 0; c < 64; c += 16) {
-                    __m512 kv[4];
-                    for (int y = 0; y < 4; y++) kv[y] = _mm512_loadu_ps(kp[y] + c);
-                    for (int x = 0; x < 4; x++) {
-                        const __m512 qv = _mm512_loadu_ps(qp[x] + c);
-                        for (int y = 0; y < 4; y++) acc[x * 4 + y] = _mm512_fmadd_ps(qv, kv[y], acc[x * 4 + y]);
-                    }
-                }
-                const __m512 sums = _mm512_mul_ps(sum16(acc), _mm512_set1_ps(a.scale));
-                alignas(64) float out[16];
-                _mm512_store_ps(out, sums);
-                for (int x = 0; x < 4; x++) {
-                    float* row = s + (done + x) * n + (j - j0);
-                    const int64_t i = (done + x) / a.rep;
-                    for (int y = 0; y < 4; y++) row[y] = j + y < a.past || sees(a, i, j + y) ? out[x * 4 + y] : -INFINITY;
-                }
+    if (D == 64 && pairs >= 4) {
+        // up to four pairs by four keys at a time: sixteen dot products in registers,
+        // summed across their lanes together (sum16); a one-token step's three pairs
+        // measured 1.5% faster one dot product at a time
+        for (; done < pairs; done += 4) {
+            switch (pairs - done) {
+                case 1: score_block<1>(a, query, key, j0, j1, n, done, s); break;
+                case 2: score_block<2>(a, query, key, j0, j1, n, done, s); break;
+                case 3: score_block<3>(a, query, key, j0, j1, n, done, s); break;
+                default: score_block<4>(a, query, key, j0, j1, n, done, s); break;
             }
-            for (int64_t j = j0 + nk; j < j1; j++)
-                for (int64_t p = done; p < done + 4; p++)
-                    s[p * n + j - j0] = sees(a, p / a.rep, j) ? dot(query(p), key(j), D) * a.scale : -INFINITY;
         }
     }
     for (int64_t j = j0; j < j1; j++)
