@@ -202,3 +202,26 @@ def test_the_environment_switch_leaves_the_step_to_inductor(monkeypatch):
     finally:
         monkeypatch.delenv("SPECD_CPU_KERNELS")
         cpu_kernels._reset()
+
+
+@needs_kernel
+def test_thread_counts_that_split_unevenly_compute_the_same():
+    """Three and five threads: rows and positions split unevenly, and some threads get no
+    position at all in a short cache (their parts are empty and skipped in the merge)."""
+    threads = torch.get_num_threads()
+    try:
+        for n in (3, 5):
+            torch.set_num_threads(n)
+            eager, kernel = _pair(_wide3(seed=20 + n))
+            for fed in ([5], [6, 7], list(range(1, 12))):
+                caches = [t.new_cache(capacity=4) for t in (eager, kernel)]
+                for target, cache in zip((eager, kernel), caches, strict=True):
+                    target.prefill(cache, [3])  # one cached position: fewer than the threads
+                want, got = (
+                    t.forward(c, fed, hidden=True) for t, c in zip((eager, kernel), caches)
+                )
+                torch.testing.assert_close(got.logits, want.logits, rtol=2e-5, atol=2e-5)
+                torch.testing.assert_close(got.hidden, want.hidden, rtol=2e-5, atol=2e-5)
+            assert kernel.compiled.served == 3 and kernel.compiled.ready
+    finally:
+        torch.set_num_threads(threads)
