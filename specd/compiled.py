@@ -16,7 +16,7 @@ How a step meets the cache: it writes its keys and values into the cache's whole
 the first ``span`` positions with an additive mask.
 
 - ``kernel`` (CPU): a whole pass of 1-16 tokens in one C++ call
-  (:class:`specd.cpu_kernels.DecodeStep`, ``specd/csrc/decode_step.cpp``): every product's
+  (:class:`specd.decode_step.DecodeStep`, ``specd/csrc/decode_step.cpp``): every product's
   rows shared out between the threads in one parallel region, attention over the cache
   split by position; passes whose mask hides a cached position run eager. Ready as soon as
   the kernels are built (a second, once per machine) and its first one- and five-token
@@ -49,16 +49,16 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch.fx.experimental import _config as fx_config
 
-from . import cpu_kernels
+from . import decode_step
 from .errors import BadInputError
 from .fastpath import FastDecoder
 from .kvcache import KVCache
+from .static_graph import Buffers, StaticGraph
 
 log = logging.getLogger(__name__)
 
@@ -69,13 +69,8 @@ MAX_TOKENS = BUCKETS[-1]
 #: CUDA graphs kept (per cache buffer and bucket), least recently used dropped first.
 MAX_GRAPHS = 32
 BACKENDS = ("kernel", "inductor", "cudagraph", "static")
-#: The most a kernel step's logits may differ from the eager step's, relative to their
-#: largest magnitude, before the kernel is refused (float32 sums in another order differ
-#: by ~1e-6).
-KERNEL_TOLERANCE = 1e-4
 #: Cached tokens of the scratch run a step is compiled on.
 SCRATCH_CONTEXT = 512
-Buffers = list[tuple[torch.Tensor, torch.Tensor]]
 
 
 class CompiledStep:
@@ -104,8 +99,8 @@ class CompiledStep:
         #: seconds the compile (or the first captures) took, once ready
         self.compile_s: float | None = None
         self._compiled: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
-        self._graphs: OrderedDict[tuple[int, int], _Static] = OrderedDict()
-        self._kernel: cpu_kernels.DecodeStep | None = None
+        self._graphs: OrderedDict[tuple[int, int], StaticGraph] = OrderedDict()
+        self._kernel: decode_step.DecodeStep | None = None
         self._thread: threading.Thread | None = None
         #: the most tokens a pass it serves holds (more run eager)
         self.max_tokens = 1 if backend == "inductor" and device.type == "cpu" else MAX_TOKENS
@@ -177,35 +172,15 @@ class CompiledStep:
         self.state = "ready"
         log.info("compiled decode step ready (%s, %.1f s)", self.backend, self.compile_s)
 
-    @torch.inference_mode()
     def _prepare_kernel(self, new_cache: Callable[[], KVCache], t0: float) -> None:
-        """Build the step kernel, then check its first step against the eager one."""
+        """Build the step kernel, then check its first passes against the eager ones."""
         try:
-            self._kernel = kernel_step(self.fast)
-            cache = new_cache()
-            n = 64
-            ids = torch.arange(n + 5)[None] % self.fast.embed.shape[0]
-            self.fast.forward(cache, ids[:, :n], torch.arange(n)[None], None)
-            for t in (1, 5):  # a step, and a pass verifying a draft
-                pos = torch.arange(n, n + t)[None]
-                new = ids[:, n : n + t]
-                want, want_h = self.fast.forward(cache, new, pos, None, hidden=True)
-                cache.crop(n)
-                got = self._run_kernel(cache, new, pos)
-                if got is None:
-                    raise RuntimeError(self.reason or "the step kernel did not run")
-                assert want_h is not None
-                for name, a, b in (("logits", got[0], want), ("hidden states", got[1], want_h)):
-                    off = float((a - b).abs().max()) / max(1.0, float(b.abs().max()))
-                    if not off <= KERNEL_TOLERANCE:
-                        raise RuntimeError(
-                            f"its {name} over {t} tokens differ from the eager pass's by {off:.2e}"
-                        )
+            kernel = decode_step.for_decoder(self.fast)
+            decode_step.check(kernel, self.fast, new_cache)
         except Exception as e:  # a build, load or arithmetic failure of any kind
-            self._kernel = None
-            if self.state != "failed":  # not logged yet
-                self._fail(f"{type(e).__name__}: {e}")
+            self._fail(f"{type(e).__name__}: {e}")
             return
+        self._kernel = kernel
         self.compile_s = time.perf_counter() - t0
         self.state = "ready"
         log.info("decode step kernel ready (%.1f s)", self.compile_s)
@@ -269,20 +244,12 @@ class CompiledStep:
         cache: KVCache,
         ids: torch.Tensor,
         position_ids: torch.Tensor,
-        mask: torch.Tensor | None = None,
+        mask: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        t, past = ids.shape[1], cache.length
-        tree = None
-        if mask is not None:
-            if bool(mask[0, 0, :, :past].any()):  # a cached position hidden: eager
-                return None
-            tree = mask[0, 0, :, past:] == 0
-        buffers = cache.buffers(past + t)
-        if buffers is None or self._kernel is None:
+        if self._kernel is None:
             return None
-        cos, sin = self.fast.rotary_tables(self.fast.embed[None, :1], position_ids)
         try:
-            return self._kernel(ids[0], cos, sin, buffers, past, tree)
+            return decode_step.run(self._kernel, self.fast, cache, ids, position_ids, mask)
         except ValueError as e:  # a cache it cannot take (another dtype)
             self._fail(str(e))
             return None
@@ -333,7 +300,7 @@ class CompiledStep:
         graph = self._graphs.get(key)
         if graph is None:
             try:
-                graph = _Static(self, buffers, bucket, capture=self.backend == "cudagraph")
+                graph = StaticGraph(self, buffers, bucket, capture=self.backend == "cudagraph")
             except Exception as e:  # capture failures come in every type
                 self._fail(f"capturing a {bucket}-token graph: {type(e).__name__}: {e}")
                 return None
@@ -373,109 +340,15 @@ class CompiledStep:
         return fast._lm_head(normed[0]), normed[0]
 
 
-class _Static:
-    """One fixed-shape step over fixed buffers: every input is copied into a tensor made
-    here, and the step is replayed from a captured CUDA graph (or called, uncaptured)."""
-
-    def __init__(self, owner: CompiledStep, buffers: Buffers, bucket: int, *, capture: bool):
-        fast, dev = owner.fast, owner.device
-        cap = buffers[0][0].shape[2]
-        self.bucket, self.capacity = bucket, cap
-        self.ids = torch.zeros((1, bucket), dtype=torch.long, device=dev)
-        self.pos = torch.zeros((1, bucket), dtype=torch.long, device=dev)
-        # Before the first replay, writes go to the buffer's last slots, never live ones.
-        self.write = torch.arange(cap - bucket, cap, device=dev)
-        self.mask = torch.zeros((1, 1, bucket, cap), dtype=fast.embed.dtype, device=dev)
-        self.cos, self.sin = fast.rotary_tables(fast.embed[None, :1], self.pos)
-        self._fast = fast
-
-        def step() -> tuple[torch.Tensor, torch.Tensor]:
-            return owner._step(
-                self.ids, self.cos, self.sin, self.write, buffers, cap, fast.pack_mask(self.mask)
-            )
-
-        self._step = step
-        self._graph: Any = None
-        if capture:
-            stream = torch.cuda.Stream(device=dev)
-            stream.wait_stream(torch.cuda.current_stream(dev))
-            with torch.cuda.stream(stream):
-                for _ in range(2):  # warm up allocations outside the graph
-                    step()
-            torch.cuda.current_stream(dev).wait_stream(stream)
-            self._graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self._graph):
-                self._out = step()
-
-    def replay(
-        self, ids: torch.Tensor, position_ids: torch.Tensor, block: torch.Tensor, past: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        t, b = ids.shape[1], self.bucket
-        self.ids.zero_()
-        self.ids[:, :t] = ids
-        self.pos.copy_(position_ids[:, -1:].expand(1, b))
-        self.pos[:, :t] = position_ids
-        cos, sin = self._fast.rotary_tables(self._fast.embed[None, :1], self.pos)
-        self.cos.copy_(cos)
-        self.sin.copy_(sin)
-        self.write.copy_(torch.arange(past, past + b, device=self.write.device))
-        # Real rows see the cached prefix and the tree among the new tokens; padding rows
-        # see the prefix and themselves (a row that sees nothing would be NaN).
-        m = self.mask[0, 0]
-        m.fill_(torch.finfo(m.dtype).min)
-        m[:, :past] = 0
-        m[:t, past : past + t] = block
-        pad = torch.arange(t, b, device=m.device)
-        m[pad, past + pad] = 0
-        if self._graph is not None:
-            self._graph.replay()
-            logits, hidden = self._out
-        else:
-            logits, hidden = self._step()
-        # The graph's outputs are overwritten by its next replay.
-        return logits[:t].clone(), hidden[:t].clone()
-
-
-def kernel_step(fast: FastDecoder) -> cpu_kernels.DecodeStep:
-    """The step kernel over ``fast``'s weights.
-
-    :raises ValueError: weights or sizes it does not take; RuntimeError: no kernels here.
-    """
-    layers = [tuple(getattr(L, name) for name in cpu_kernels.LAYER_WEIGHTS) for L in fast.layers]
-    return cpu_kernels.DecodeStep(
-        layers,
-        fast.embed,
-        fast.norm,
-        fast.lm_head,
-        fast.lm_head_bias,
-        heads=fast.n_heads,
-        kv_heads=fast.n_kv,
-        head_dim=fast.head_dim,
-        eps=fast.eps,
-        scale=fast.scaling,
-    )
-
-
 def default_backend(fast: FastDecoder) -> str:
     """``cudagraph`` on CUDA; on a CPU ``kernel`` where the step kernel takes the model
-    (:func:`kernel_step`), ``inductor`` elsewhere."""
+    (:func:`specd.decode_step.usable`), ``inductor`` elsewhere."""
     device = fast.embed.device
     if device.type == "cuda":
         return "cudagraph"
-    if device.type == "cpu" and kernel_usable(fast):
+    if device.type == "cpu" and decode_step.usable(fast):
         return "kernel"
     return "inductor"
-
-
-def kernel_usable(fast: FastDecoder) -> bool:
-    """Whether the step kernel loads here and takes ``fast``'s model."""
-    if fast.embed.device.type != "cpu" or not cpu_kernels.available():
-        return False
-    try:
-        kernel_step(fast)
-    except (ValueError, RuntimeError):
-        return False
-    return True
 
 
 def _causal(t: int, like: torch.Tensor) -> torch.Tensor:

@@ -11,7 +11,7 @@ flash kernel took 12.4 ms (``scripts/attention_kernel.py``). Its outputs differ 
 kernels do; greedy output stayed token-identical to plain decoding in every benchmark run
 (docs/benchmarks.md).
 
-**The step** (``decode_step.cpp``, :class:`DecodeStep`). A whole decode or verify pass of
+**The step** (``decode_step.cpp``, :class:`specd.decode_step.DecodeStep`). A whole decode or verify pass of
 1-:data:`STEP_TOKENS` new tokens of a Llama-style decoder in one call: the compiled step's
 ``kernel`` backend (:mod:`specd.compiled`). On the same EPYC a one-token step at 1,024
 cached tokens took ~15 ms against ~34 eager, an 8-token pass ~22 against ~41
@@ -136,153 +136,8 @@ def attention(
     return out.transpose(1, 2)
 
 
-#: The most new tokens a :class:`DecodeStep` takes (the pending token and a draft).
+#: The most new tokens the step kernel takes (:class:`specd.decode_step.DecodeStep`).
 STEP_TOKENS = 16
-#: The order of a layer's weights in :class:`DecodeStep` (biases may be None).
-LAYER_WEIGHTS = ("ln1", "wq", "bq", "wk", "bk", "wv", "bv", "wo", "bo", "ln2", "wg", "wu", "wd")
-
-
-class DecodeStep:
-    """A decode or verify pass (1-:data:`STEP_TOKENS` new tokens over a float32 KV cache)
-    of a Llama-style decoder, the whole of it in one call (``specd/csrc/decode_step.cpp``).
-
-    :param layers: each layer's weights in :data:`LAYER_WEIGHTS` order, as ``[out, in]``
-        matrices and vectors.
-    :param embed: ``[V, H]``; ``norm``: the final norm ``[H]``; ``lm_head``: ``[V, H]``.
-    :raises ValueError: weights or sizes the kernel does not take, naming them.
-    """
-
-    def __init__(
-        self,
-        layers: list[tuple[torch.Tensor | None, ...]],
-        embed: torch.Tensor,
-        norm: torch.Tensor,
-        lm_head: torch.Tensor,
-        lm_bias: torch.Tensor | None,
-        *,
-        heads: int,
-        kv_heads: int,
-        head_dim: int,
-        eps: float,
-        scale: float,
-    ) -> None:
-        if _step_fn is None and not available():
-            raise RuntimeError(f"the CPU kernels are not available: {reason}")
-        gate = layers[0][LAYER_WEIGHTS.index("wg")] if layers else None
-        if gate is None:
-            raise ValueError("decode step kernel: a model without layers or MLP weights")
-        hidden, inter = embed.shape[1], gate.shape[0]
-        sizes = {"hidden size": hidden, "MLP size": inter, "head size": head_dim}
-        if any(v % 16 for v in sizes.values()) or heads % kv_heads:
-            raise ValueError(
-                f"decode step kernel: needs sizes that are multiples of 16 and whole groups of "
-                f"query heads; this model has {', '.join(f'{k} {v}' for k, v in sizes.items())}, "
-                f"{heads} query and {kv_heads} key/value heads"
-            )
-        expected = {
-            "ln1": (hidden,), "wq": (heads * head_dim, hidden), "bq": (heads * head_dim,),
-            "wk": (kv_heads * head_dim, hidden), "bk": (kv_heads * head_dim,),
-            "wv": (kv_heads * head_dim, hidden), "bv": (kv_heads * head_dim,),
-            "wo": (hidden, heads * head_dim), "bo": (hidden,), "ln2": (hidden,),
-            "wg": (inter, hidden), "wu": (inter, hidden), "wd": (hidden, inter),
-        }  # fmt: skip
-        ptrs: list[int] = []
-        self._keep: list[torch.Tensor] = []
-        for i, weights in enumerate(layers):
-            for name, w in zip(LAYER_WEIGHTS, weights, strict=True):
-                if w is None and name.startswith("b"):
-                    ptrs.append(0)
-                    continue
-                ptrs.append(self._checked(f"layer {i} {name}", w, expected[name]))
-        v = lm_head.shape[0]
-        self._checked("embedding", embed, (embed.shape[0], hidden))
-        self._embed_rows = embed
-        self._norm = self._checked("final norm", norm, (hidden,))
-        self._lm = self._checked("LM head", lm_head, (v, hidden))
-        self._lm_b = self._checked("LM head bias", lm_bias, (v,)) if lm_bias is not None else 0
-        self._table = torch.tensor(ptrs, dtype=torch.int64)
-        self.layers, self.hidden, self.inter, self.vocab = len(layers), hidden, inter, v
-        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
-        self.eps, self.scale = eps, scale
-        self._rows = embed.shape[0]
-
-    def _checked(self, name: str, w: torch.Tensor | None, shape: tuple[int, ...]) -> int:
-        if w is None or tuple(w.shape) != shape:
-            got = "none" if w is None else tuple(w.shape)
-            raise ValueError(f"decode step kernel: {name} is {got}, expected {shape}")
-        if w.dtype != torch.float32 or w.device.type != "cpu" or not w.is_contiguous():
-            raise ValueError(f"decode step kernel: {name} must be contiguous float32 on CPU")
-        self._keep.append(w)
-        return w.data_ptr()
-
-    def __call__(
-        self,
-        ids: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        buffers: list[tuple[torch.Tensor, torch.Tensor]],
-        past: int,
-        tree: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Run the step for the new tokens ``ids`` ``[T]`` at positions ``past`` ..
-        ``past + T - 1`` of ``buffers`` (each layer's ``[1, KV, capacity, D]``), where their
-        keys and values go; the caller counts them.
-
-        :param cos, sin: the rotary tables ``[T, D]`` at the tokens' positions (their depth
-            in a tree).
-        :param tree: bool ``[T, T]``, where new token i sees new token j (None: a chain).
-            Every new token sees every cached position.
-        :returns: logits ``[T, V]`` and the final norm's output ``[T, H]``.
-        :raises ValueError: tokens, tables or buffers the step cannot take.
-        """
-        d, t = self.head_dim, ids.numel()
-        ids = ids.reshape(-1)
-        if not 1 <= t <= STEP_TOKENS:
-            raise ValueError(f"decode step kernel: {t} new tokens, it takes 1-{STEP_TOKENS}")
-        if int(ids.min()) < 0 or int(ids.max()) >= self._rows:
-            raise ValueError(f"decode step kernel: token ids outside 0..{self._rows - 1}")
-        if len(buffers) != self.layers:
-            raise ValueError(
-                f"decode step kernel: {len(buffers)} cache layers, model {self.layers}"
-            )
-        cos, sin = cos.reshape(t, -1).contiguous(), sin.reshape(t, -1).contiguous()
-        for name, x in (("cos", cos), ("sin", sin)):
-            if x.shape != (t, d) or x.dtype != torch.float32:
-                raise ValueError(f"decode step kernel: {name} must be float32 [{t}, {d}]")
-        if tree is not None:
-            if tree.shape != (t, t):
-                raise ValueError(
-                    f"decode step kernel: tree mask {tuple(tree.shape)}, expected {(t, t)}"
-                )
-            tree = tree.to(torch.uint8).contiguous()
-        cache = []
-        for k, v in buffers:
-            for x in (k, v):
-                ok = x.dim() == 4 and x.shape[0] == 1 and x.shape[1] == self.kv_heads
-                ok = ok and x.shape[3] == d and x.dtype == torch.float32 and x.device.type == "cpu"
-                if not ok or x.stride(3) != 1 or x.stride(2) != d or x.shape[2] < past + t:
-                    raise ValueError(
-                        f"decode step kernel: cache buffer {tuple(x.shape)} {x.dtype} cannot take "
-                        f"positions {past}-{past + t - 1} "
-                        f"(expected float32 [1, {self.kv_heads}, >= {past + t}, {d}])"
-                    )
-            cache += [k.data_ptr(), v.data_ptr(), k.stride(1), v.stride(1)]
-        table = torch.tensor(cache, dtype=torch.int64)
-        x = self._embed_rows[ids]  # [T, H]
-        threads = torch.get_num_threads()
-        assert _step_fn is not None and _step_work is not None
-        sizes = (self.hidden, self.inter, self.heads, self.kv_heads, d)
-        work = _buffer("step", _step_work(*sizes, t, past, threads))
-        logits = torch.empty(t, self.vocab, dtype=torch.float32)
-        hidden = torch.empty(t, self.hidden, dtype=torch.float32)
-        _step_fn(
-            self._table.data_ptr(), self.layers, table.data_ptr(), *sizes, self.eps, self.scale,
-            x.data_ptr(), cos.data_ptr(), sin.data_ptr(), t, past,
-            tree.data_ptr() if tree is not None else None,
-            self._norm, self._lm, self._lm_b or None, self.vocab,
-            logits.data_ptr(), hidden.data_ptr(), work.data_ptr(), threads,
-        )  # fmt: skip
-        return logits, hidden
 
 
 _local = threading.local()

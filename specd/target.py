@@ -12,8 +12,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from . import fastpath, products
-from .compiled import CompiledStep, kernel_usable
+from . import decode_step, fastpath, products
+from .compiled import CompiledStep
 from .errors import BadInputError
 from .fastpath import FastDecoder
 from .kvcache import KVCache
@@ -141,7 +141,7 @@ class Target:
             on = self.device.type == "cuda" or (
                 self.fast is not None
                 and (backend or "kernel") == "kernel"
-                and kernel_usable(self.fast)
+                and decode_step.usable(self.fast)
             )
             mode = "on" if on else "off"
         if mode == "off" or self.fast is None:

@@ -11,7 +11,9 @@ import torch
 from test_compiled import VOCAB, replay_session
 
 from specd import Engine, SamplingParams, cpu_kernels
-from specd.compiled import default_backend, kernel_step, kernel_usable
+from specd.compiled import default_backend
+from specd.decode_step import for_decoder as kernel_step
+from specd.decode_step import usable as kernel_usable
 from specd.target import Target
 from specd.tiny import CharTokenizer, tiny_model
 

@@ -1,0 +1,257 @@
+"""specd's step kernel from Python: a decode or verify pass of a Llama-style decoder in one
+call of ``specd/csrc/decode_step.cpp`` (built and loaded by :mod:`specd.cpu_kernels`), and
+how the compiled step's ``kernel`` backend (:mod:`specd.compiled`) builds it over a lean
+forward's weights, checks it against the eager pass and runs a pass through it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from . import cpu_kernels
+from .fastpath import FastDecoder
+from .kvcache import KVCache
+
+#: The most a kernel pass's logits or hidden states may differ from the eager pass's,
+#: relative to their largest magnitude, before the kernel is refused (float32 sums in
+#: another order differ by ~1e-6).
+TOLERANCE = 1e-4
+
+#: The order of a layer's weights in :class:`DecodeStep` (biases may be None).
+LAYER_WEIGHTS = ("ln1", "wq", "bq", "wk", "bk", "wv", "bv", "wo", "bo", "ln2", "wg", "wu", "wd")
+
+
+class DecodeStep:
+    """A decode or verify pass (1-:data:`~specd.cpu_kernels.STEP_TOKENS` new tokens over a float32
+    KV cache) of a Llama-style decoder, the whole of it in one call (``specd/csrc/decode_step.cpp``).
+
+    :param layers: each layer's weights in :data:`LAYER_WEIGHTS` order, as ``[out, in]``
+        matrices and vectors.
+    :param embed: ``[V, H]``; ``norm``: the final norm ``[H]``; ``lm_head``: ``[V, H]``.
+    :raises ValueError: weights or sizes the kernel does not take, naming them.
+    """
+
+    def __init__(
+        self,
+        layers: list[tuple[torch.Tensor | None, ...]],
+        embed: torch.Tensor,
+        norm: torch.Tensor,
+        lm_head: torch.Tensor,
+        lm_bias: torch.Tensor | None,
+        *,
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+        eps: float,
+        scale: float,
+    ) -> None:
+        if not cpu_kernels.available():
+            raise RuntimeError(f"the CPU kernels are not available: {cpu_kernels.reason}")
+        gate = layers[0][LAYER_WEIGHTS.index("wg")] if layers else None
+        if gate is None:
+            raise ValueError("decode step kernel: a model without layers or MLP weights")
+        hidden, inter = embed.shape[1], gate.shape[0]
+        sizes = {"hidden size": hidden, "MLP size": inter, "head size": head_dim}
+        if any(v % 16 for v in sizes.values()) or heads % kv_heads:
+            raise ValueError(
+                f"decode step kernel: needs sizes that are multiples of 16 and whole groups of "
+                f"query heads; this model has {', '.join(f'{k} {v}' for k, v in sizes.items())}, "
+                f"{heads} query and {kv_heads} key/value heads"
+            )
+        expected = {
+            "ln1": (hidden,), "wq": (heads * head_dim, hidden), "bq": (heads * head_dim,),
+            "wk": (kv_heads * head_dim, hidden), "bk": (kv_heads * head_dim,),
+            "wv": (kv_heads * head_dim, hidden), "bv": (kv_heads * head_dim,),
+            "wo": (hidden, heads * head_dim), "bo": (hidden,), "ln2": (hidden,),
+            "wg": (inter, hidden), "wu": (inter, hidden), "wd": (hidden, inter),
+        }  # fmt: skip
+        ptrs: list[int] = []
+        self._keep: list[torch.Tensor] = []
+        for i, weights in enumerate(layers):
+            for name, w in zip(LAYER_WEIGHTS, weights, strict=True):
+                if w is None and name.startswith("b"):
+                    ptrs.append(0)
+                    continue
+                ptrs.append(self._checked(f"layer {i} {name}", w, expected[name]))
+        v = lm_head.shape[0]
+        self._checked("embedding", embed, (embed.shape[0], hidden))
+        self._embed_rows = embed
+        self._norm = self._checked("final norm", norm, (hidden,))
+        self._lm = self._checked("LM head", lm_head, (v, hidden))
+        self._lm_b = self._checked("LM head bias", lm_bias, (v,)) if lm_bias is not None else 0
+        self._table = torch.tensor(ptrs, dtype=torch.int64)
+        self.layers, self.hidden, self.inter, self.vocab = len(layers), hidden, inter, v
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.eps, self.scale = eps, scale
+        self._rows = embed.shape[0]
+
+    def _checked(self, name: str, w: torch.Tensor | None, shape: tuple[int, ...]) -> int:
+        if w is None or tuple(w.shape) != shape:
+            got = "none" if w is None else tuple(w.shape)
+            raise ValueError(f"decode step kernel: {name} is {got}, expected {shape}")
+        if w.dtype != torch.float32 or w.device.type != "cpu" or not w.is_contiguous():
+            raise ValueError(f"decode step kernel: {name} must be contiguous float32 on CPU")
+        self._keep.append(w)
+        return w.data_ptr()
+
+    def __call__(
+        self,
+        ids: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        buffers: list[tuple[torch.Tensor, torch.Tensor]],
+        past: int,
+        tree: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the step for the new tokens ``ids`` ``[T]`` at positions ``past`` ..
+        ``past + T - 1`` of ``buffers`` (each layer's ``[1, KV, capacity, D]``), where their
+        keys and values go; the caller counts them.
+
+        :param cos, sin: the rotary tables ``[T, D]`` at the tokens' positions (their depth
+            in a tree).
+        :param tree: bool ``[T, T]``, where new token i sees new token j (None: a chain).
+            Every new token sees every cached position.
+        :returns: logits ``[T, V]`` and the final norm's output ``[T, H]``.
+        :raises ValueError: tokens, tables or buffers the step cannot take.
+        """
+        d, t = self.head_dim, ids.numel()
+        ids = ids.reshape(-1)
+        if not 1 <= t <= cpu_kernels.STEP_TOKENS:
+            raise ValueError(
+                f"decode step kernel: {t} new tokens, it takes 1-{cpu_kernels.STEP_TOKENS}"
+            )
+        if int(ids.min()) < 0 or int(ids.max()) >= self._rows:
+            raise ValueError(f"decode step kernel: token ids outside 0..{self._rows - 1}")
+        if len(buffers) != self.layers:
+            raise ValueError(
+                f"decode step kernel: {len(buffers)} cache layers, model {self.layers}"
+            )
+        cos, sin = cos.reshape(t, -1).contiguous(), sin.reshape(t, -1).contiguous()
+        for name, x in (("cos", cos), ("sin", sin)):
+            if x.shape != (t, d) or x.dtype != torch.float32:
+                raise ValueError(f"decode step kernel: {name} must be float32 [{t}, {d}]")
+        if tree is not None:
+            if tree.shape != (t, t):
+                raise ValueError(
+                    f"decode step kernel: tree mask {tuple(tree.shape)}, expected {(t, t)}"
+                )
+            tree = tree.to(torch.uint8).contiguous()
+        cache = []
+        for k, v in buffers:
+            for x in (k, v):
+                ok = x.dim() == 4 and x.shape[0] == 1 and x.shape[1] == self.kv_heads
+                ok = ok and x.shape[3] == d and x.dtype == torch.float32 and x.device.type == "cpu"
+                if not ok or x.stride(3) != 1 or x.stride(2) != d or x.shape[2] < past + t:
+                    raise ValueError(
+                        f"decode step kernel: cache buffer {tuple(x.shape)} {x.dtype} cannot take "
+                        f"positions {past}-{past + t - 1} "
+                        f"(expected float32 [1, {self.kv_heads}, >= {past + t}, {d}])"
+                    )
+            cache += [k.data_ptr(), v.data_ptr(), k.stride(1), v.stride(1)]
+        table = torch.tensor(cache, dtype=torch.int64)
+        x = self._embed_rows[ids]  # [T, H]
+        threads = torch.get_num_threads()
+        step, step_work = cpu_kernels._step_fn, cpu_kernels._step_work
+        assert step is not None and step_work is not None
+        sizes = (self.hidden, self.inter, self.heads, self.kv_heads, d)
+        work = cpu_kernels._buffer("step", step_work(*sizes, t, past, threads))
+        logits = torch.empty(t, self.vocab, dtype=torch.float32)
+        hidden = torch.empty(t, self.hidden, dtype=torch.float32)
+        step(
+            self._table.data_ptr(), self.layers, table.data_ptr(), *sizes, self.eps, self.scale,
+            x.data_ptr(), cos.data_ptr(), sin.data_ptr(), t, past,
+            tree.data_ptr() if tree is not None else None,
+            self._norm, self._lm, self._lm_b or None, self.vocab,
+            logits.data_ptr(), hidden.data_ptr(), work.data_ptr(), threads,
+        )  # fmt: skip
+        return logits, hidden
+
+
+def for_decoder(fast: FastDecoder) -> DecodeStep:
+    """The step kernel over ``fast``'s weights.
+
+    :raises ValueError: weights or sizes it does not take; RuntimeError: no kernels here.
+    """
+    layers = [tuple(getattr(L, name) for name in LAYER_WEIGHTS) for L in fast.layers]
+    return DecodeStep(
+        layers,
+        fast.embed,
+        fast.norm,
+        fast.lm_head,
+        fast.lm_head_bias,
+        heads=fast.n_heads,
+        kv_heads=fast.n_kv,
+        head_dim=fast.head_dim,
+        eps=fast.eps,
+        scale=fast.scaling,
+    )
+
+
+def usable(fast: FastDecoder) -> bool:
+    """Whether the step kernel loads here and takes ``fast``'s model."""
+    if fast.embed.device.type != "cpu" or not cpu_kernels.available():
+        return False
+    try:
+        for_decoder(fast)
+    except (ValueError, RuntimeError):
+        return False
+    return True
+
+
+def run(
+    step: DecodeStep,
+    fast: FastDecoder,
+    cache: KVCache,
+    ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """One pass over ``ids`` ``[1, T]`` (positions ``[1, T]``; an additive mask
+    ``[1, 1, T, past + T]`` for a tree, None for a chain) on top of ``cache``, which the
+    caller advances.
+
+    :returns: logits ``[T, V]`` and hidden states ``[T, H]``, or None where the pass must run
+        eager (a mask hiding a cached position, a cache never written).
+    :raises ValueError: a cache the kernel cannot take (another dtype).
+    """
+    t, past = ids.shape[1], cache.length
+    tree = None
+    if mask is not None:
+        if bool(mask[0, 0, :, :past].any()):  # a cached position hidden
+            return None
+        tree = mask[0, 0, :, past:] == 0
+    buffers = cache.buffers(past + t)
+    if buffers is None:
+        return None
+    cos, sin = fast.rotary_tables(fast.embed[None, :1], position_ids)
+    return step(ids[0], cos, sin, buffers, past, tree)
+
+
+@torch.inference_mode()
+def check(step: DecodeStep, fast: FastDecoder, new_cache: Callable[[], KVCache]) -> None:
+    """Compare a one-token step and a five-token pass through ``step`` with the eager ones,
+    on a scratch cache of 64 tokens.
+
+    :raises RuntimeError: where they differ by more than :data:`TOLERANCE`.
+    """
+    cache = new_cache()
+    n = 64
+    ids = torch.arange(n + 5)[None] % fast.embed.shape[0]
+    fast.forward(cache, ids[:, :n], torch.arange(n)[None], None)
+    for t in (1, 5):  # a step, and a pass verifying a draft
+        pos = torch.arange(n, n + t)[None]
+        new = ids[:, n : n + t]
+        want, want_h = fast.forward(cache, new, pos, None, hidden=True)
+        cache.crop(n)
+        got = run(step, fast, cache, new, pos)
+        if got is None:
+            raise RuntimeError("the step kernel did not run")
+        assert want_h is not None
+        for name, a, b in (("logits", got[0], want), ("hidden states", got[1], want_h)):
+            off = float((a - b).abs().max()) / max(1.0, float(b.abs().max()))
+            if not off <= TOLERANCE:
+                raise RuntimeError(
+                    f"its {name} over {t} tokens differ from the eager pass's by {off:.2e}"
+                )
