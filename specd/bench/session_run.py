@@ -68,10 +68,12 @@ CONFIGS = (
     # the prompt read in bfloat16, the suggestions written in float32: faster prefills on
     # CPUs with bfloat16 products, not token-identical (docs/benchmarks.md, bfloat16)
     SessionConfig("bf16-prefill", args=("--prefill-dtype", "bfloat16")),
-    # the compiled one-token step (specd.compiled), compiled before the daemon answers
-    # `initialize`: its compile counts in the start-up time, not in another daemon's turn
+    # the compiled step (specd.compiled) made ready before the daemon answers `initialize`:
+    # its compile counts in the start-up time, not in another daemon's turn (where the step
+    # kernel runs, `auto` already does this)
     SessionConfig("compiled", args=("--compile", "on")),
-    # prefills attend through PyTorch's kernels instead of specd's (specd.cpu_kernels)
+    # neither of specd's CPU kernels (specd.cpu_kernels): prefills attend through PyTorch's
+    # kernels, decode and verify passes run eager
     SessionConfig("no-cpu-kernels", env=(("SPECD_CPU_KERNELS", "off"),)),
 )
 
