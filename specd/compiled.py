@@ -224,16 +224,13 @@ class CompiledStep:
             return None
         if self.backend == "kernel":
             out = self._run_kernel(cache, ids, position_ids, mask)
-            if out is not None:
-                cache.advance(t)
-                self.served += 1
-            return out
-        # The new tokens' mask among themselves [T, T]; the cached prefix is visible to all.
-        block = mask[0, 0, :, past:] if mask is not None else _causal(t, self.fast.embed)
-        if self.backend == "inductor":
-            out = self._run_dynamic(cache, ids, position_ids, block, allow_recompile)
         else:
-            out = self._run_static(cache, ids, position_ids, block)
+            # The new tokens' mask among themselves [T, T]; the cached prefix is seen by all.
+            block = mask[0, 0, :, past:] if mask is not None else _causal(t, self.fast.embed)
+            if self.backend == "inductor":
+                out = self._run_dynamic(cache, ids, position_ids, block, allow_recompile)
+            else:
+                out = self._run_static(cache, ids, position_ids, block)
         if out is not None:
             cache.advance(t)
             self.served += 1
