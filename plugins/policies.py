@@ -81,7 +81,7 @@ class AdaptivePolicy(ExitPolicy):
         elif accepted < drafted // 2:
             self._budget = max(1, (self._budget + 1) // 2)
         if self._rate < self.collapse:
-            self._paused_for = self.probe_every
+            self._paused_for = self.probe_every + 1  # probe_every plain steps, then a probe
             self._rate = self.collapse  # a probe's success lifts it back above the line
 
 

@@ -1,0 +1,189 @@
+"""The ``adaptive`` exit policy's contract (plugins/policies.py): its budget stays within
+``max_budget``, grows after a draft accepted whole, never grows after a rejection, pauses
+speculation when acceptance collapses and probes again later; drafters stop below its
+confidence line. ``fixed`` asks for its budget, capped."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from specd.plugins.policies import AdaptivePolicy, FixedPolicy
+
+from specd import registry
+
+
+def adaptive(max_budget: int = 8, **options) -> AdaptivePolicy:
+    policy = AdaptivePolicy(**options)
+    policy.start(max_budget)
+    return policy
+
+
+def step(policy: AdaptivePolicy, accepted: int | None, drafted: int | None = None) -> int:
+    """One engine step: ask the budget, draft ``drafted`` (default: the whole budget) of
+    which ``accepted`` are kept (None: all of them); a budget of 0 is a plain step, which
+    the engine reports as ``observe(0, 0)``. :returns: the budget it was asked for."""
+    budget = policy.draft_budget()
+    if budget == 0:
+        policy.observe(0, 0)
+        return 0
+    drafted = budget if drafted is None else min(drafted, budget)
+    policy.observe(drafted, drafted if accepted is None else min(accepted, drafted))
+    return budget
+
+
+def test_adaptive_is_what_the_registry_builds_by_default_name():
+    assert registry.exit_policy_class("adaptive") is AdaptivePolicy
+
+
+def test_the_first_budget_is_the_start_budget_capped_by_max_budget():
+    """Guards against a first step that ignores ``max_budget`` (the engine's ``max_draft``)."""
+    assert adaptive(8, start_budget=4).draft_budget() == 4
+    assert adaptive(3, start_budget=4).draft_budget() == 3
+
+
+def test_full_acceptance_grows_the_budget_up_to_max_budget():
+    """Guards against a budget that stays small while every draft is accepted (each step
+    then drafts less than it could), and against one that outgrows ``max_budget``."""
+    policy = adaptive(10, start_budget=2)
+    budgets = [step(policy, None) for _ in range(5)]
+    assert budgets[0] == 2
+    assert all(b < a or a == 10 for b, a in zip(budgets, budgets[1:]))  # grows until the cap
+    assert budgets[-1] == 10
+
+
+def test_a_short_draft_accepted_whole_does_not_shrink_the_budget():
+    """Guards against judging a draft the drafter cut short (it had fewer tokens to offer)
+    as a poor one: all it drafted was accepted."""
+    policy = adaptive(8, start_budget=4)
+    step(policy, None, drafted=1)
+    assert policy.draft_budget() >= 4
+
+
+def test_a_rejection_never_grows_the_budget():
+    """Guards against growing the budget after a draft the target cut short: a nearly
+    accepted draft is still a rejection, and a longer next draft only wastes more."""
+    for accepted in range(4):
+        policy = adaptive(8, start_budget=4)
+        step(policy, accepted)
+        assert policy.draft_budget() <= 4, accepted
+
+
+def test_a_poor_step_shrinks_the_budget_and_a_fair_one_holds_it():
+    """Guards against a budget that does not come down when most of a draft is rejected,
+    or that halves after a draft mostly accepted."""
+    policy = adaptive(8, start_budget=8)
+    step(policy, 0)
+    assert 1 <= policy.draft_budget() < 8
+    policy = adaptive(8, start_budget=8)
+    step(policy, 6)
+    assert policy.draft_budget() == 8
+
+
+def test_the_budget_never_drops_below_one_while_speculating():
+    """Guards against a budget of 0 reached by shrinking alone: a policy that pauses must
+    also probe, and only a collapse pauses."""
+    policy = adaptive(8, start_budget=8)
+    seen = []
+    for _ in range(4):  # not enough rejections to collapse the acceptance rate
+        seen.append(step(policy, 0))
+    assert seen[0] == 8 and all(b >= 1 for b in seen)
+    assert seen[-1] == 1
+
+
+def _collapse(policy: AdaptivePolicy, limit: int = 50) -> int:
+    """Reject every draft until the policy asks for a plain step. :returns: the steps."""
+    for n in range(1, limit + 1):
+        if step(policy, 0) == 0:
+            return n
+    raise AssertionError(f"still drafting after {limit} rejected drafts")
+
+
+@pytest.mark.parametrize("probe_every", [1, 5, 8])
+def test_collapsed_acceptance_pauses_speculation_then_probes_with_a_small_draft(probe_every):
+    """Guards against drafting on forever when nothing is accepted (each rejected draft
+    costs the target's work on it), a pause that never ends (speculation would be off for
+    the rest of the request, though the text might turn repetitive), and a pause one plain
+    step shorter than ``probe_every`` (with 1, no pause at all)."""
+    policy = adaptive(8, probe_every=probe_every)
+    _collapse(policy)
+    plain = 1  # the step that first returned 0
+    while (budget := step(policy, 0)) == 0:
+        plain += 1
+        assert plain < 20, "no probe"
+    assert 1 <= budget <= 2  # a probe risks little
+    assert plain == probe_every  # plain steps between the collapse and the probe
+
+
+def test_a_failed_probe_pauses_again_and_a_successful_one_resumes():
+    """Guards against a probe that, rejected, lets speculation run on at a loss, and one
+    that, accepted, leaves speculation paused."""
+    policy = adaptive(8, probe_every=4)
+    _collapse(policy)
+    while step(policy, 0) == 0:  # the probe is rejected
+        pass
+    assert policy.draft_budget() == 0  # paused again
+    policy.observe(0, 0)
+    policy = adaptive(8, probe_every=4)
+    _collapse(policy)
+    while (probe := step(policy, None)) == 0:  # the probe is accepted whole
+        pass
+    budgets = [step(policy, None) for _ in range(4)]
+    assert all(b > 0 for b in budgets)
+    assert budgets[0] >= probe and budgets[-1] == 8
+
+
+def test_continue_drafting_stops_below_min_confidence():
+    """Guards against a drafter asked to go on with tokens it barely believes (each one
+    likely wasted) or stopped on tokens it is sure of."""
+    policy = adaptive(8, min_confidence=0.3)
+    assert policy.continue_drafting(0, 0.9)
+    assert policy.continue_drafting(5, 0.3)
+    assert not policy.continue_drafting(0, 0.29)
+    assert not policy.continue_drafting(3, 0.0)
+    assert adaptive(8, min_confidence=0.0).continue_drafting(7, 0.0)
+
+
+# One engine step as the test below plays it: (tokens the drafter offers, tokens accepted),
+# each cut to what the budget allows.
+_STEPS = st.lists(st.tuples(st.integers(1, 20), st.integers(0, 20)), max_size=80)
+
+
+@given(
+    max_budget=st.integers(1, 16),
+    start_budget=st.integers(1, 20),
+    probe_every=st.integers(1, 12),
+    collapse=st.floats(0.0, 0.9),
+    steps=_STEPS,
+)
+def test_any_history_keeps_the_budget_in_bounds_and_never_grows_it_after_a_rejection(
+    max_budget, start_budget, probe_every, collapse, steps
+):
+    """Guards against a budget over ``max_budget`` or negative, and a budget grown right
+    after a rejection, whatever the history of acceptance before it."""
+    policy = adaptive(max_budget, start_budget=start_budget, probe_every=probe_every,
+                      collapse=collapse)  # fmt: skip
+    for offered, accepted in steps:
+        budget = policy.draft_budget()
+        assert 0 <= budget <= max_budget
+        if budget == 0:
+            policy.observe(0, 0)
+            continue
+        drafted = min(offered, budget)
+        accepted = min(accepted, drafted)
+        policy.observe(drafted, accepted)
+        if accepted < drafted:
+            assert policy.draft_budget() <= budget, (drafted, accepted)
+            policy.observe(0, 0)  # that question was a plain step
+
+
+def test_fixed_asks_for_its_budget_capped_by_max_budget():
+    """Guards against ``fixed`` exceeding ``max_budget`` or ignoring its own budget."""
+    policy = FixedPolicy()
+    policy.start(6)
+    assert policy.draft_budget() == 6
+    policy = FixedPolicy(budget=3)
+    policy.start(6)
+    assert policy.draft_budget() == 3
+    policy.start(2)
+    assert policy.draft_budget() == 2
