@@ -14,6 +14,7 @@ from .errors import (
 from .generation import Completion, Delta, Generation
 from .healing import Constraint
 from .hookspecs import hookimpl
+from .limits import ContextLengthExceeded, ContextLimits, RequestMemory, request_memory
 from .ngram_index import CorpusIndex, NgramIndex
 from .registry import make_drafter
 from .sampling import SamplingParams, sample, warp
@@ -26,6 +27,8 @@ __all__ = [
     "BadInputError",
     "Completion",
     "Constraint",
+    "ContextLengthExceeded",
+    "ContextLimits",
     "CorpusIndex",
     "Delta",
     "Draft",
@@ -38,6 +41,7 @@ __all__ = [
     "ModelNotFoundError",
     "NgramIndex",
     "PluginError",
+    "RequestMemory",
     "SamplingParams",
     "SpecdError",
     "Stats",
@@ -48,6 +52,7 @@ __all__ = [
     "hookimpl",
     "make_drafter",
     "percentile",
+    "request_memory",
     "sample",
     "warp",
 ]

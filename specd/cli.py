@@ -13,13 +13,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
-from pathlib import Path
 
 from . import allocator, registry
 from .bench import command as bench_command
 from .conformance import command as verify_command
 from .errors import BadInputError, ModelNotFoundError, SpecdError
+from .limits import UTF8_MAX_BYTES, ContextLengthExceeded, ContextLimits
 from .options import (
     EXIT_BAD_INPUT,
     EXIT_CHECK_FAILED,
@@ -41,20 +42,21 @@ class _Parser(argparse.ArgumentParser):
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    if args.file is not None:
-        try:
-            prompt = Path(args.file).read_text(encoding="utf-8")
-        except OSError as e:
-            raise BadInputError(f"cannot read --file {args.file}: {e.strerror}") from e
-        if args.prompt:
-            prompt += args.prompt
-    elif args.prompt is not None:
-        prompt = args.prompt
-    else:
+    if args.file is None and args.prompt is None:
         raise BadInputError("give a PROMPT or --file")
+    size = _file_size(args.file) if args.file is not None else 0  # unreadable: before loading
     params = sampling_params(args)
     engine = build_engine(args)
-    gen = engine.stream(prompt, params)
+    limits = ContextLimits.of(engine.target)
+    what = f"--file {args.file}" if args.file is not None else "PROMPT"
+    if args.file is not None:
+        limits.check_bytes(size, what)
+        prompt = _read_prompt(args.file, UTF8_MAX_BYTES * limits.max_chars) + (args.prompt or "")
+    else:
+        prompt = args.prompt
+    # --max-tokens is asked for: a prompt that leaves less room than that is refused
+    ids = limits.encode(engine.tokenize, prompt, params.max_tokens, what, "--max-tokens")
+    gen = engine.stream(ids, params)
     if args.json:
         completion = gen.result()
         print(json.dumps(completion.as_json()))
@@ -71,6 +73,33 @@ def cmd_generate(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return EXIT_OK
+
+
+def _file_size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError as e:
+        raise BadInputError(f"cannot read --file {path}: {e.strerror}") from e
+
+
+def _read_prompt(path: str, max_bytes: int) -> str:
+    """The file's text, reading no more than ``max_bytes`` (a pipe has no size to check)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(max_bytes + 1)
+    except OSError as e:
+        raise BadInputError(f"cannot read --file {path}: {e.strerror}") from e
+    if len(data) > max_bytes:
+        raise ContextLengthExceeded(
+            f"--file {path}: more than {max_bytes:,} bytes, which cannot fit in the "
+            "model's context window; give a shorter file",
+            "--file",
+        )
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BadInputError(f"--file {path}: not UTF-8 text (byte {e.start:,})") from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")  # newlines as text mode reads them
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
