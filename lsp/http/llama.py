@@ -16,6 +16,13 @@ What those clients rely on, and what specd does about it:
 - ``n_indent``: a new line indented less than that ends the completion, without the line.
 - The body is compact JSON (``"content":"``, no space: llama.vim looks for exactly that),
   and ``response_fields`` picks fields, nested ones flattened (``"timings/prompt_n"``).
+- The prompt fits in the model's context window, as in llama.cpp: its budgets (the text
+  before and after the cursor, other files) are cut to leave room for ``n_predict`` (for
+  at most half the window), the start of the prefix going first as the editor's own
+  budgets cut it and ``input_extra`` chunks past the budget dropped unread; ``n_predict``
+  is then capped at the room the prompt leaves. ``truncated`` tells when the prefix was
+  cut. Every text is cut to what the window could hold before it is tokenized.
+- ``seed: -1`` means a random seed, as in llama.cpp.
 - ``samplers``, ``id_slot``, ``cache_prompt`` and ``t_max_prompt_ms`` are accepted and
   ignored: sampling is temperature, top-k, top-p (greedy unless a temperature is sent or
   the server was started with one), the prefix cache is always on, and prompts are never
@@ -44,7 +51,7 @@ STOP_TYPE = {"eos": "eos", "stop": "word", "length": "limit", "time": "limit", "
 async def infill(request: web.Request) -> web.StreamResponse:
     """``POST /infill``."""
     svc: HttpService = request.app[SERVICE]
-    body = decode(await request.read(), InfillBody)
+    body = decode(await svc.body(request), InfillBody)
     job, prompt, truncated = _job(svc, body, client=svc.client_of(request))
     warm = body.n_predict == 0
     if not body.stream:
@@ -78,26 +85,32 @@ async def infill(request: web.Request) -> web.StreamResponse:
 
 
 def _job(svc: HttpService, body: InfillBody, *, client: str) -> tuple[Job, Prompt, bool]:
-    base = svc.params
+    base, limits = svc.params, svc.limits
     if body.n_predict == 0:
         max_tokens = 1
     elif body.n_predict > 0:
         max_tokens = body.n_predict
     else:
         max_tokens = base.max_tokens
+    # no text is tokenized longer than the window could hold (the prompter cuts it further)
+    n = limits.max_chars
+    before = (body.input_prefix[-n:] + body.prompt[-n:])[-n:]
+    extra = [(c.filename, c.text[:n]) for c in body.input_extra]
+    room = limits.window - min(max_tokens, limits.window // 2)
+    prompt, truncated = svc.prompter.build(
+        before, body.input_suffix[:n], extra=extra, heal=True, room=room
+    )
+    truncated = truncated or len(body.input_prefix) + len(body.prompt) > n
     # SamplingParams refuses a bad value with a BadInputError naming it (a 400)
     params = dataclasses.replace(
         base,
-        max_tokens=max_tokens,
+        max_tokens=limits.cap(len(prompt.ids), max_tokens),
         temperature=body.temperature if body.temperature is not None else base.temperature,
         top_k=body.top_k if body.top_k is not None else base.top_k,
         top_p=body.top_p if body.top_p is not None else base.top_p,
-        seed=body.seed if body.seed is not None else base.seed,
+        seed=_seed(body.seed, base.seed),
         stop=tuple(body.stop) if body.stop else base.stop,
     )
-    extra = [(c.filename, c.text) for c in body.input_extra]
-    before = body.input_prefix + body.prompt
-    prompt, truncated = svc.prompter.build(before, body.input_suffix, extra=extra, heal=True)
     rule = None if body.n_predict == 0 else _stop_rule(body.t_max_predict_ms, body.n_indent)
     stop = None
     if rule is not None:
@@ -108,6 +121,13 @@ def _job(svc: HttpService, body: InfillBody, *, client: str) -> tuple[Job, Promp
     job = Job(prompt.ids, params, client, stop_ids=prompt.stop_ids, should_stop=stop)
     job.constraint = prompt.constraint
     return job, prompt, truncated
+
+
+def _seed(seed: int | None, default: int | None) -> int | None:
+    """llama.cpp's seed: -1 draws a random one; none given, the server's."""
+    if seed is None:
+        return default
+    return None if seed == -1 else seed
 
 
 def _stop_rule(t_max_predict_ms: int, n_indent: int) -> Callable[[str], str] | None:

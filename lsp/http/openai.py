@@ -4,6 +4,11 @@ The request and response shapes are OpenAI's; specd's per-request stats ride alo
 ``"specd"`` (with the token ids, which OpenAI's shape has no place for). A prompt without
 a ``suffix`` goes to the engine as it is, exactly as ``specd generate`` sends it; with a
 ``suffix`` it is wrapped in the model's fill-in-the-middle template.
+
+A prompt that does not fit in the model's context window with the ``max_tokens`` asked for
+is refused with OpenAI's ``context_length_exceeded`` error, before it is tokenized when its
+length alone shows it (:class:`specd.ContextLimits`). Without ``max_tokens`` the server's
+default is cut to the room the prompt leaves, as llama.cpp does.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
-from specd import Completion
+from specd import Completion, SamplingParams
 
 from .runner import Job
 from .schema import BadRequest, CompletionBody, decode
@@ -41,7 +46,7 @@ async def models(request: web.Request) -> web.Response:
 async def completions(request: web.Request) -> web.StreamResponse:
     """``POST /v1/completions``."""
     svc: HttpService = request.app[SERVICE]
-    body = decode(await request.read(), CompletionBody)
+    body = decode(await svc.body(request), CompletionBody)
     job = _job(svc, body, client=svc.client_of(request))
     cid = f"cmpl-{uuid.uuid4().hex[:24]}"
     head = {"id": cid, "object": "text_completion", "created": int(time.time())}
@@ -81,21 +86,16 @@ def _job(svc: HttpService, body: CompletionBody, *, client: str) -> Job:
         seed=body.seed if body.seed is not None else base.seed,
         stop=_stops(body.stop) if body.stop is not None else base.stop,
     )
-    prompt: str | list[int]
-    if isinstance(body.prompt, list) and body.prompt and isinstance(body.prompt[0], str):
-        prompt = str(body.prompt[0])
-    elif isinstance(body.prompt, list):
-        prompt = [int(t) for t in body.prompt]
-        vocab = svc.engine.target.vocab_size
-        if any(not 0 <= t < vocab for t in prompt):
-            raise BadRequest(f"prompt: token ids must be in [0, {vocab})", "prompt")
-    else:
-        prompt = body.prompt
+    # what the client asked for must fit whole; at least one token must, for the default
+    asked = body.max_tokens or 0
+    prompt = body.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+        prompt = prompt[0]  # one text in a list (the schema allows no more)
     if body.suffix is None:
-        # tokenized as the engine would (the same ids as `specd generate`), to find the
+        ids = _prompt_ids(svc, prompt, asked)
+        # the ids the engine would make of the text (as `specd generate`), to find the
         # stop tokens of a fill-in-the-middle prompt the client built itself
-        ids = svc.engine.tokenize(prompt) if isinstance(prompt, str) else prompt
-        return Job(ids, params, client, stop_ids=svc.prompter.stop_ids(ids))
+        return Job(ids, _fit(svc, params, ids, asked), client, stop_ids=svc.prompter.stop_ids(ids))
     if not svc.prompter.fim:
         raise BadRequest(
             f"suffix: {svc.model_name} has no fill-in-the-middle tokens; send the prompt alone",
@@ -103,15 +103,38 @@ def _job(svc: HttpService, body: CompletionBody, *, client: str) -> Job:
         )
     if not isinstance(prompt, str):
         raise BadRequest("suffix: needs a text prompt, not token ids", "suffix")
-    built, _ = svc.prompter.build(prompt, body.suffix)
-    return Job(built.ids, params, client, stop_ids=built.stop_ids)
+    # the prompt is built within the budgets, as for an editor: cut to fit, not refused
+    room = svc.limits.window - (asked or min(params.max_tokens, svc.limits.window // 2))
+    built, _ = svc.prompter.build(prompt, body.suffix, room=room)
+    return Job(built.ids, _fit(svc, params, built.ids, asked), client, stop_ids=built.stop_ids)
+
+
+def _prompt_ids(svc: HttpService, prompt: str | list[str | int], asked: int) -> list[int]:
+    """The prompt's token ids, refused when they cannot fit with ``asked`` more tokens (or
+    one): a text before it is tokenized when its length shows it, ids before each is read."""
+    limits = svc.limits
+    if isinstance(prompt, str):
+        return limits.encode(svc.engine.tokenize, prompt, asked or 1)
+    limits.check_tokens(len(prompt), asked or 1)
+    ids = [int(t) for t in prompt]
+    vocab = svc.engine.target.vocab_size
+    if any(not 0 <= t < vocab for t in ids):
+        raise BadRequest(f"prompt: token ids must be in [0, {vocab})", "prompt")
+    return ids
+
+
+def _fit(svc: HttpService, params: SamplingParams, ids: list[int], asked: int) -> SamplingParams:
+    """``params`` with ``max_tokens`` as asked, refused when it does not fit after ``ids``;
+    the server's default is cut to the room left."""
+    if asked:
+        svc.limits.check_tokens(len(ids), asked)
+        return params
+    return dataclasses.replace(params, max_tokens=svc.limits.cap(len(ids), params.max_tokens))
 
 
 def _stops(stop: str | list[str]) -> tuple[str, ...]:
-    stops = (stop,) if isinstance(stop, str) else tuple(stop)
-    if len(stops) > 16 or any(not s for s in stops):
-        raise BadRequest("stop: up to 16 non-empty strings", "stop")
-    return stops
+    # the schema holds each to MAX_STOPS non-empty strings of MAX_STOP_CHARS
+    return (stop,) if isinstance(stop, str) else tuple(stop)
 
 
 def _finish(job: Job) -> str | None:

@@ -6,11 +6,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from specd import Engine
+from specd import ContextLengthExceeded, Engine
 
 from .. import prompting
 from ..config import Settings, prefix_tokens
 from ..documents import Cursor
+
+#: Tokens a prompt takes besides its budgets: the template's markers, BOS, the current
+#: file's header.
+TEMPLATE_TOKENS = 16
+#: The fewest tokens of text a prompt cut to the room left is built with.
+MIN_PROMPT_TOKENS = prompting.CUT_STEP
 
 
 class Prompter:
@@ -31,6 +37,29 @@ class Prompter:
         """Whether the model has fill-in-the-middle tokens (else prompts are prefix-only)."""
         return self.template is not None
 
+    def budget(self, room: int | None = None) -> prompting.Budget:
+        """The settings' budgets, cut to ``room`` tokens the way llama.cpp's server cuts an
+        ``/infill`` prompt: the text after the cursor to a quarter of the room, the text
+        before it to the rest, and other files to what is left.
+
+        :raises ContextLengthExceeded: when the room is too small for a prompt.
+        """
+        s = self.settings
+        full = prompting.Budget(prefix_tokens(s), s.suffix_tokens, s.context_tokens)
+        if room is None:
+            return full
+        text = room - TEMPLATE_TOKENS
+        if text < MIN_PROMPT_TOKENS:
+            raise ContextLengthExceeded(
+                f"max_tokens: leaves {max(room, 0):,} tokens of the model's context window "
+                f"for the prompt, and it needs {MIN_PROMPT_TOKENS + TEMPLATE_TOKENS}; ask for "
+                "fewer tokens",
+                "max_tokens",
+            )
+        suffix = min(full.suffix_tokens, text // 4)
+        prefix = min(full.prefix_tokens, text - suffix)
+        return prompting.Budget(prefix, suffix, min(full.context_tokens, text - suffix - prefix))
+
     def build(
         self,
         before: str,
@@ -39,46 +68,60 @@ class Prompter:
         path: str = "",
         extra: Sequence[tuple[str, str]] = (),
         heal: bool = False,
+        room: int | None = None,
     ) -> tuple[prompting.Prompt, bool]:
-        """The prompt for completing between ``before`` and ``after``.
+        """The prompt for completing between ``before`` and ``after``. Text is cut to the
+        budgets before it is tokenized, so no input is tokenized whole.
 
-        :param extra: (path, text) of other files, most relevant first.
+        :param extra: (path, text) of other files, most relevant first; those past the
+            budget for other files are dropped unread.
         :param heal: heal the end of ``before`` (the answer must then go through
             ``prompt.at_cursor``).
+        :param room: tokens the prompt may take (the context window less the tokens to
+            generate); None: the settings' budgets as they are.
         :returns: the prompt, and whether ``before`` was cut to fit the budget.
         """
-        s = self.settings
-        window = prefix_tokens(s) * prompting.CHARS_PER_TOKEN
-        line_before = before.rsplit("\n", 1)[-1]
+        budget = self.budget(room)
+        window = budget.prefix_tokens * prompting.CHARS_PER_TOKEN
+        near = before[-window:]
+        far = after[: max(budget.suffix_tokens, 1) * prompting.CHARS_PER_TOKEN]
+        line_before = near.rsplit("\n", 1)[-1]
         cursor = Cursor(
-            before=before[-window:],
-            after=after[: max(s.suffix_tokens, 1) * prompting.CHARS_PER_TOKEN],
+            before=near,
+            after=far,
             line_before=line_before,
-            line_after=after.split("\n", 1)[0],
+            line_after=far.split("\n", 1)[0],
             line=before.count("\n"),
             column=len(line_before),
             before_truncated=len(before) > window,
         )
-        others = []
-        for name, text in extra:
-            if not s.context_tokens:
-                break
-            head = text[: s.context_tokens * prompting.CHARS_PER_TOKEN]
-            ids = self.vocab.encode(head)[: s.context_tokens]
-            if ids:
-                others.append(prompting.ContextDocument(name or "context", ids))
-        budget = prompting.Budget(prefix_tokens(s), s.suffix_tokens, s.context_tokens)
         prompt = prompting.build(
             self.template,
             self.vocab,
             cursor,
             path=path,
-            others=others,
+            others=self._others(extra, budget.context_tokens),
             budget=budget,
             heal=self.heal if heal else None,
         )
-        truncated = cursor.before_truncated or prompt.prefix_tokens >= prefix_tokens(s)
+        truncated = cursor.before_truncated or prompt.prefix_tokens >= budget.prefix_tokens
         return prompt, truncated
+
+    def _others(
+        self, extra: Sequence[tuple[str, str]], limit: int
+    ) -> list[prompting.ContextDocument]:
+        """Other files as context documents, each cut to ``limit`` tokens, until ``limit``
+        tokens are offered: the rest could not be placed."""
+        others: list[prompting.ContextDocument] = []
+        offered = 0
+        for name, text in extra:
+            if offered >= limit:
+                break
+            ids = self.vocab.encode(text[: limit * prompting.CHARS_PER_TOKEN])[:limit]
+            if ids:
+                others.append(prompting.ContextDocument(name or "context", ids))
+                offered += len(ids)
+        return others
 
     def stop_ids(self, ids: Sequence[int]) -> frozenset[int]:
         """The template's stop tokens when ``ids`` already is a fill-in-the-middle prompt

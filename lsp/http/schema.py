@@ -13,18 +13,34 @@ from typing import Annotated, Any, TypeVar
 
 import msgspec
 
+#: Stop strings per request, and characters per stop string: each one is looked for in
+#: the text after every step, and text that might start one is held back.
+MAX_STOPS, MAX_STOP_CHARS = 16, 1024
+#: ``input_extra`` chunks per request (llama.vim and llama.vscode send up to 16 by default).
+MAX_EXTRA_CHUNKS = 256
+#: ``response_fields`` entries per request.
+MAX_FIELDS = 64
+#: Characters of a file name (Linux's PATH_MAX).
+MAX_PATH_CHARS = 4096
+
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 Tokens = Annotated[int, msgspec.Meta(ge=1, le=65536)]
 Temperature = Annotated[float, msgspec.Meta(ge=0.0, le=100.0)]
 TopP = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
+#: what a random generator can be seeded with (64 bits)
+Seed = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
+Stop = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_STOP_CHARS)]
+Stops = Annotated[list[Stop], msgspec.Meta(max_length=MAX_STOPS)]
 
 
 class BadRequest(Exception):
-    """A request body that cannot be served; ``param`` names the field at fault."""
+    """A request that cannot be served; ``param`` names the field at fault, ``status`` is
+    the HTTP status it is answered with."""
 
-    def __init__(self, message: str, param: str | None = None) -> None:
+    def __init__(self, message: str, param: str | None = None, status: int = 400) -> None:
         super().__init__(message)
         self.param = param
+        self.status = status
 
 
 class StreamOptions(msgspec.Struct):
@@ -42,8 +58,8 @@ class CompletionBody(msgspec.Struct, kw_only=True):
     temperature: Temperature | None = None
     top_p: TopP | None = None
     top_k: NonNegative | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = None
+    stop: Stop | Stops | None = None
+    seed: Seed | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: Annotated[int, msgspec.Meta(ge=1)] = 1
@@ -58,6 +74,8 @@ class CompletionBody(msgspec.Struct, kw_only=True):
             raise BadRequest("echo: not supported", "echo")
         if self.logprobs is not None:
             raise BadRequest("logprobs: not supported", "logprobs")
+        if self.prompt == []:
+            raise BadRequest("prompt: an empty list; send a text or a list of token ids", "prompt")
         if isinstance(self.prompt, list):
             texts = sum(isinstance(p, str) for p in self.prompt)
             if texts and (texts > 1 or len(self.prompt) > 1):
@@ -71,7 +89,7 @@ class ExtraChunk(msgspec.Struct):
     list), which specd does not use."""
 
     text: str
-    filename: str = ""
+    filename: Annotated[str, msgspec.Meta(max_length=MAX_PATH_CHARS)] = ""
     time: Any = None
 
 
@@ -80,7 +98,7 @@ class InfillBody(msgspec.Struct, kw_only=True):
 
     input_prefix: str = ""
     input_suffix: str = ""
-    input_extra: list[ExtraChunk] = []
+    input_extra: Annotated[list[ExtraChunk], msgspec.Meta(max_length=MAX_EXTRA_CHUNKS)] = []
     prompt: str = ""
     n_predict: Annotated[int, msgspec.Meta(ge=-1, le=65536)] = -1
     n_indent: NonNegative = 0
@@ -89,11 +107,11 @@ class InfillBody(msgspec.Struct, kw_only=True):
     temperature: Temperature | None = None
     top_k: NonNegative | None = None
     top_p: TopP | None = None
-    seed: int | None = None
-    stop: list[str] = []
+    seed: Seed | None = None  # -1: a random seed, as llama.cpp reads it
+    stop: Stops = []
     stream: bool = False
     cache_prompt: bool = True
-    response_fields: list[str] | None = None
+    response_fields: Annotated[list[str], msgspec.Meta(max_length=MAX_FIELDS)] | None = None
     model: str | None = None
 
 
@@ -120,3 +138,5 @@ def decode(body: bytes, kind: type[T]) -> T:
         raise BadRequest(f"{_PATH.sub('', text)}{where}", field) from None
     except msgspec.DecodeError as e:
         raise BadRequest(f"the request body is not valid JSON: {e}") from None
+    except RecursionError:  # msgspec's own depth limit, not Python's stack
+        raise BadRequest("the request body is nested too deeply to be read") from None

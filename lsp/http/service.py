@@ -3,18 +3,28 @@ with: compact JSON, server-sent events."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
 import msgspec
 from aiohttp import web
 
-from specd import Engine, SamplingParams
+from specd import ContextLimits, Engine, SamplingParams
 
 from ..config import Settings
 from .metrics import HttpMetrics
 from .prompts import Prompter
 from .runner import Job, Runner, collect
+from .schema import BadRequest
+
+#: A request body larger than this is refused (413) before it is read whole. Above what
+#: the default model's context holds (its window times its longest token, 0.7 MB), so that
+#: an over-long prompt gets the 400 that says so.
+MAX_BODY_BYTES = 16 * 2**20
+#: A request body that has not arrived whole this long after its headers is refused (408):
+#: a client that stops sending half way holds no handler open for good.
+BODY_TIMEOUT_S = 30.0
 
 
 class HttpService:
@@ -22,6 +32,7 @@ class HttpService:
     server's default sampling parameters and the metrics.
 
     :param queue_limit: requests that may wait while one generates; one more gets a 503.
+    :param limits: the model's context window (default: read from the engine's target).
     """
 
     def __init__(
@@ -31,14 +42,35 @@ class HttpService:
         *,
         settings: Settings | None = None,
         queue_limit: int = 16,
+        limits: ContextLimits | None = None,
     ) -> None:
         self.engine = engine
+        self.limits = limits or ContextLimits.of(engine.target)
+        self.body_timeout_s = BODY_TIMEOUT_S
         self.params = params or SamplingParams()
         self.metrics = HttpMetrics()
         self.runner = Runner(engine, self.metrics, queue_limit=queue_limit)
         self.prompter = Prompter(engine, settings or Settings())
         self.model_name = engine.target.name
         self.started = int(time.time())
+
+    async def body(self, request: web.Request) -> bytes:
+        """The request's body, refused when it is larger than :data:`MAX_BODY_BYTES` or
+        does not arrive in time. (What is left unread of a refused body, aiohttp reads and
+        drops for a few seconds, so the client reads the answer rather than a reset.)"""
+        too_large = BadRequest(
+            f"the request body is larger than {MAX_BODY_BYTES // 2**20} MiB", status=413
+        )
+        if (request.content_length or 0) > MAX_BODY_BYTES:
+            raise too_large  # said so up front: nothing of it is read
+        try:
+            return await asyncio.wait_for(request.read(), self.body_timeout_s)
+        except web.HTTPRequestEntityTooLarge:  # chunked, without a length
+            raise too_large from None
+        except asyncio.TimeoutError:
+            raise BadRequest(
+                f"the request body did not arrive within {self.body_timeout_s:g} s", status=408
+            ) from None
 
     async def collect(self, job: Job) -> tuple[str, list[int]]:
         return await collect(self.runner.stream(job))

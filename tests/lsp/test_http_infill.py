@@ -7,6 +7,8 @@ import time
 
 from specd.lsp.http.llama import _fields, _stop_rule, cut_indent
 
+from specd import ContextLimits
+
 
 def test_time_limit_waits_for_a_newline():
     """Guards against a plain wall-clock cut: llama.vim's first request has 250 ms, and a
@@ -55,6 +57,8 @@ class _Scripted:
     before each one as the real engine does before each target step."""
 
     PIECES = ["a + b\n", "        c = 1\n", "\n    ret", "urn c\n", "def g():\n", "    pass"]
+    #: a model's context window, which a scripted engine has none of
+    LIMITS = ContextLimits(window=4096, token_chars=1)
 
     def __init__(self):
         from types import SimpleNamespace
@@ -103,7 +107,9 @@ def test_streamed_infill_holds_back_lines_n_indent_may_still_cut():
     from specd import SamplingParams
 
     engine = _Scripted()
-    server = InProcessServer(HttpService(engine, SamplingParams(max_tokens=64)))
+    server = InProcessServer(
+        HttpService(engine, SamplingParams(max_tokens=64), limits=_Scripted.LIMITS)
+    )
     try:
         body = {"input_prefix": "def f():\n", "prompt": "    return ", "n_indent": 4}
         _, whole = post(server, "/infill", body)
@@ -150,7 +156,9 @@ def test_completion_stops_at_a_template_stop_token():
     engine.target.vocab_size = 2_000_000
     sep = _FimTokenizer.specials["<file_sep>"]
     engine.PIECES = ["ab", "c", Delta("", [sep, 7]), "d"]
-    server = InProcessServer(HttpService(engine, SamplingParams(max_tokens=64)))
+    server = InProcessServer(
+        HttpService(engine, SamplingParams(max_tokens=64), limits=_Scripted.LIMITS)
+    )
     try:
         fim = [1_000_000, ord("x"), 1_000_001, ord("y"), 1_000_002]
         status, reply = post(server, "/v1/completions", {"prompt": fim})
@@ -178,7 +186,9 @@ def test_healed_text_does_not_count_as_the_first_newline():
     engine.heal = lambda ids: (ids[:-5], Constraint("\n    "))
     engine.PIECES = ["\n    ", "return 1", "\n", "    x = 2"]
     engine.step_s = 0.02
-    server = InProcessServer(HttpService(engine, SamplingParams(max_tokens=64)))
+    server = InProcessServer(
+        HttpService(engine, SamplingParams(max_tokens=64), limits=_Scripted.LIMITS)
+    )
     try:
         body = {"input_prefix": "def f():", "prompt": "\n    ", "t_max_predict_ms": 1}
         status, reply = post(server, "/infill", body)
