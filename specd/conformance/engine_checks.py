@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -96,8 +96,15 @@ class EngineBench:
             plugin_timeout_s=None,  # exactness is checked here, not speed
         )
 
-    def run(self, prompt: Sequence[int], params: SamplingParams, *, drafter: str | None = None):
-        return self.engine.generate(list(prompt), params, drafter=drafter)
+    def run(
+        self,
+        prompt: Sequence[int],
+        params: SamplingParams,
+        *,
+        drafter: str | None = None,
+        cancel: Callable[[], bool] | None = None,
+    ):
+        return self.engine.generate(list(prompt), params, drafter=drafter, cancel=cancel)
 
     def plugin_failure(self, completion) -> str | None:
         health = {k: v for k, v in self.engine.plugin_health().items() if v["failures"]}

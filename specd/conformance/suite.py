@@ -14,6 +14,7 @@ from typing import Any
 
 from .. import registry
 from ..errors import BadInputError, PluginError, SpecdError
+from .drafter_checks import drafter_checks
 from .engine_checks import engine_checks
 from .results import Report, Result
 from .verifier_checks import verifier_checks
@@ -72,13 +73,15 @@ def checks(
     seed: int = 0,
     thorough: bool = False,
 ) -> Generator[Result, None, None]:
-    """Each verifier alone, cheapest first, then the drafter through the engine."""
+    """Each verifier alone, cheapest first, then the drafter's reported q against its own
+    draws, then the drafter through the engine."""
     by_name: dict[str, set[str]] = {}
     for mode, name in verifiers.items():
         by_name.setdefault(name, set()).add(mode)
     for name, modes in by_name.items():
         yield from verifier_checks(registry.make("verifiers", name), modes, seed=seed)
     if drafter is not None:
+        yield from drafter_checks(drafter, options, seed=seed, thorough=thorough)
         yield from engine_checks(drafter, options, verifiers, seed=seed, thorough=thorough)
 
 

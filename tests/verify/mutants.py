@@ -16,14 +16,26 @@ full accept) or only away from temperature 1.
 - ``mutant_rewarp`` (V1): warps the already-warped p again with the request's parameters.
 - ``mutant_q_twice`` (D1): a sampling drafter whose reported q applies the temperature (and
   top-k/top-p) a second time to the row the token was really drawn from.
+
+The bigram drafters are written the way a third party would write one from docs/plugins.md:
+a fixed random table of next-token scores, a chain sampled from ``warp`` of them.
+``honest_bigram``
+is honest; each mutant reports a q other than the one its tokens came from, the bug class
+that breaks speculative sampling most often in the wild:
+
+- ``mutant_bigram_q_twice`` (Q1): the temperature (and top-k/top-p) applied to q twice;
+- ``mutant_bigram_q_unfiltered`` (Q2): q reported before top-k/top-p, tokens drawn after;
+- ``mutant_bigram_t1`` (Q3): tokens drawn at temperature 1 whatever the request says, q
+  reported at the request's settings.
 """
 
 from __future__ import annotations
 
+import torch
 from specd.plugins.draft_model import DraftModelDrafter
 from specd.plugins.rejection import RejectionVerifier
 
-from specd import Draft, hookimpl, warp
+from specd import Draft, Drafter, SamplingParams, hookimpl, sample, warp
 
 
 class ResidualUnnormalised(RejectionVerifier):
@@ -106,6 +118,72 @@ class QTwice(DraftModelDrafter):
         return Draft(draft.tokens, draft.parents, warp(draft.q.log(), ctx.params))
 
 
+class Bigram(Drafter):
+    """Drafts a chain from a fixed random table of next-token scores (seed 0, scale 1.5)."""
+
+    name = "honest_bigram"
+    reads_cache = False
+
+    def __init__(self, scale: float = 1.5) -> None:
+        self.scale = float(scale)
+        self._table: torch.Tensor | None = None
+
+    def scores(self, vocab: int, last: int) -> torch.Tensor:
+        if self._table is None or self._table.shape[0] != vocab:
+            gen = torch.Generator().manual_seed(0)
+            self._table = torch.randn(vocab, vocab, generator=gen, dtype=torch.float64) * self.scale
+        return self._table[last]
+
+    def draw_row(self, logits, params):
+        """The row the token is drawn from."""
+        return warp(logits, params)
+
+    def report_row(self, logits, params, drawn):
+        """The row reported as q."""
+        return drawn
+
+    def propose(self, ctx, budget):
+        last, tokens, rows = ctx.tokens[-1], [], []
+        for _ in range(budget):
+            logits = self.scores(ctx.vocab_size, last)
+            drawn = self.draw_row(logits, ctx.params)
+            last = int(drawn.argmax()) if ctx.params.greedy else sample(drawn, ctx.generator)
+            tokens.append(last)
+            rows.append(self.report_row(logits, ctx.params, drawn))
+        return Draft.chain(tokens, None if ctx.params.greedy else torch.stack(rows))
+
+
+class BigramQTwice(Bigram):
+    name = "mutant_bigram_q_twice"
+
+    def report_row(self, logits, params, drawn):
+        return warp(drawn.log(), params)
+
+
+class BigramQUnfiltered(Bigram):
+    name = "mutant_bigram_q_unfiltered"
+
+    def report_row(self, logits, params, drawn):
+        return warp(logits, SamplingParams(temperature=params.temperature))
+
+
+class BigramT1(Bigram):
+    name = "mutant_bigram_t1"
+
+    def draw_row(self, logits, params):
+        if params.greedy:
+            return warp(logits, params)
+        return warp(logits, SamplingParams(temperature=1.0))
+
+    def report_row(self, logits, params, drawn):
+        return warp(logits, params)
+
+
+#: Drafters whose reported q is not what their tokens were drawn from: only
+#: ``drafter/q-honesty`` has to catch them.
+Q_MUTANTS = (BigramQTwice, BigramQUnfiltered, BigramT1)
+
+
 #: The four verifier mutants the engine-level law checks must catch behind ``ngram``.
 ENGINE_MUTANTS = (ResidualUnnormalised, ThresholdPlus, BonusFromQ, BonusWrongRow)
 VERIFIER_MUTANTS = (*ENGINE_MUTANTS, Rewarp)
@@ -119,4 +197,5 @@ def specd_register_verifiers(register):
 
 @hookimpl
 def specd_register_drafters(register):
-    register(QTwice)
+    for cls in (QTwice, Bigram, *Q_MUTANTS):
+        register(cls)

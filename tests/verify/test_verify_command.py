@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from specd import cli
+from specd.conformance import drafter_checks
 from specd.registry import registered
 
 BUILTIN_DRAFTERS = sorted(
@@ -43,15 +44,24 @@ VERIFIER_PROPERTIES = {
 }
 
 
+#: Draft calls per q-honesty setting here: a third of the command's, and still enough to
+#: catch q taken from the raw logits while the tokens come from the warped ones.
+QUICK_Q_CALLS = 500
+
+
 @pytest.mark.parametrize("drafter", BUILTIN_DRAFTERS)
-def test_passes_for_every_builtin_drafter(capsys, drafter):
+def test_passes_for_every_builtin_drafter(capsys, monkeypatch, drafter):
+    monkeypatch.setattr(drafter_checks, "Q_CALLS", QUICK_Q_CALLS)
     code, out, err = verify(capsys, "--drafter", drafter, "--json")
     report = json.loads(out)
     assert code == 0, json.dumps(report, indent=1)
     assert report["passed"] and report["verifiers"] == {"greedy": "greedy", "sampled": "rejection"}
+    q_honesty = [r for r in report["results"] if r["property"] == "drafter/q-honesty"]
+    assert [r["info"]["setting"] for r in q_honesty] == [s.name for s in drafter_checks.Q_SETTINGS]
     assert {r["property"] for r in report["results"]} == VERIFIER_PROPERTIES[
         "greedy"
     ] | VERIFIER_PROPERTIES["sampled"] | {
+        "drafter/q-honesty",
         "engine/greedy-identity",
         "engine/law/sampled",
         "engine/law/warped",
@@ -71,12 +81,17 @@ def test_passes_for_every_builtin_verifier_alone(capsys, verifier):
     assert {r["property"] for r in report["results"]} == want
 
 
-def test_a_broken_drafter_fails_naming_the_property_and_a_counterexample(capsys, broken_plugins):
-    code, out, err = verify(capsys, "--drafter", "broken_argmax_q")
+def test_a_broken_drafter_fails_naming_the_property_and_a_counterexample(
+    capsys, monkeypatch, broken_plugins
+):
+    """Argmax drafted, softmax reported: its own word fails first, and the engine's law too."""
+    monkeypatch.setattr(drafter_checks, "Q_CALLS", QUICK_Q_CALLS)
+    code, out, err = verify(capsys, "--drafter", "broken_argmax_q", "--keep-going")
     assert code == 1, out + err
+    assert "FAIL drafter/q-honesty" in out and "reported_q_mean" in out
     assert "FAIL engine/law/sampled" in out
     assert "counterexample" in out and "sequence" in out
-    assert "FAILED engine/law/sampled" in err
+    assert "FAILED drafter/q-honesty" in err
 
 
 def test_a_broken_verifier_fails_at_once(capsys, broken_plugins):
@@ -134,11 +149,16 @@ def test_thorough_reaches_the_engine_checks_with_four_times_the_samples(capsys, 
         seen.append(thorough)
         return iter(())
 
+    def q_checks(drafter, options, seed=0, thorough=False):
+        seen.append(("q", thorough))
+        return iter(())
+
     monkeypatch.setattr(suite, "engine_checks", engine_checks)
+    monkeypatch.setattr(suite, "drafter_checks", q_checks)
     monkeypatch.setattr(suite, "verifier_checks", lambda *a, **k: iter(()))
     assert verify(capsys, "--drafter", "ngram", "--thorough")[0] == 0
     assert verify(capsys, "--drafter", "ngram")[0] == 0
-    assert seen == [True, False]
+    assert seen == [("q", True), True, ("q", False), False]
     assert [s.samples for s in engine_scenarios(thorough=True)] == [
         4 * s.samples for s in SCENARIOS
     ]
