@@ -91,12 +91,21 @@ def test_the_budget_never_drops_below_one_while_speculating():
     assert seen[-1] == 1
 
 
-def _collapse(policy: AdaptivePolicy, limit: int = 50) -> int:
-    """Reject every draft until the policy asks for a plain step. :returns: the steps."""
-    for n in range(1, limit + 1):
+def _collapse(policy: AdaptivePolicy, limit: int = 50) -> None:
+    """Reject every draft until the policy asks for a plain step (that step included)."""
+    for _ in range(limit):
         if step(policy, 0) == 0:
-            return n
+            return
     raise AssertionError(f"still drafting after {limit} rejected drafts")
+
+
+def _probe(policy: AdaptivePolicy, accepted: int | None, limit: int = 50) -> tuple[int, int]:
+    """Plain steps until the policy drafts again; that draft gets ``accepted`` (see
+    :func:`step`). :returns: (plain steps taken here, the probe's budget)."""
+    for plain in range(limit):
+        if (budget := step(policy, accepted)) > 0:
+            return plain, budget
+    raise AssertionError(f"no probe after {limit} plain steps")
 
 
 @pytest.mark.parametrize("probe_every", [1, 5, 8])
@@ -107,12 +116,18 @@ def test_collapsed_acceptance_pauses_speculation_then_probes_with_a_small_draft(
     step shorter than ``probe_every`` (with 1, no pause at all)."""
     policy = adaptive(8, probe_every=probe_every)
     _collapse(policy)
-    plain = 1  # the step that first returned 0
-    while (budget := step(policy, 0)) == 0:
-        plain += 1
-        assert plain < 20, "no probe"
+    plain, budget = _probe(policy, 0)
     assert 1 <= budget <= 2  # a probe risks little
-    assert plain == probe_every  # plain steps between the collapse and the probe
+    assert 1 + plain == probe_every  # plain steps between the collapse and the probe
+
+
+def test_a_probe_is_small_even_when_the_budget_was_large():
+    """Guards against probing with the budget speculation had before the collapse: a
+    sudden collapse (a high ``collapse`` line) leaves it large, and the probe is the step
+    most likely to be wasted."""
+    policy = adaptive(8, start_budget=8, collapse=0.9, probe_every=3)
+    _collapse(policy)
+    assert 1 <= _probe(policy, 0)[1] <= 2
 
 
 def test_a_failed_probe_pauses_again_and_a_successful_one_resumes():
@@ -120,14 +135,13 @@ def test_a_failed_probe_pauses_again_and_a_successful_one_resumes():
     that, accepted, leaves speculation paused."""
     policy = adaptive(8, probe_every=4)
     _collapse(policy)
-    while step(policy, 0) == 0:  # the probe is rejected
-        pass
+    _probe(policy, 0)  # rejected
     assert policy.draft_budget() == 0  # paused again
     policy.observe(0, 0)
+    assert _probe(policy, None)[0] == 3  # and probes again after as many plain steps
     policy = adaptive(8, probe_every=4)
     _collapse(policy)
-    while (probe := step(policy, None)) == 0:  # the probe is accepted whole
-        pass
+    _, probe = _probe(policy, None)  # accepted whole
     budgets = [step(policy, None) for _ in range(4)]
     assert all(b > 0 for b in budgets)
     assert budgets[0] >= probe and budgets[-1] == 8
