@@ -138,15 +138,48 @@ def test_turned_off_by_the_environment(fresh_kernel, monkeypatch, caplog):
     assert not list(fresh_kernel.rglob("*.so"))
 
 
-def test_a_missing_compiler_leaves_attention_to_pytorch(fresh_kernel, monkeypatch):
-    monkeypatch.setenv("CXX", str(fresh_kernel / "no-such-compiler"))
-    assert not cpu_kernels.available()
-    assert "no-such-compiler" in cpu_kernels.reason
-    # the lean forward still runs, through PyTorch
+def _host(monkeypatch, machine: str, capability: str) -> None:
+    """Make this host look like another CPU to the kernels' host checks: a test of what
+    follows them must not depend on the CPU it runs on."""
+    monkeypatch.setattr(cpu_kernels.platform, "machine", lambda: machine)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+
+
+def _lean_forward_runs() -> None:
+    """The lean forward of a model the kernel would take runs, through PyTorch."""
     target = tiny_target(hidden_size=256, dtype=torch.float32)
     engine = Engine(target, drafter="none")
     out = engine.generate(list(range(5, 45)), SamplingParams(max_tokens=4))
     assert len(out.token_ids) == 4
+
+
+def test_a_missing_compiler_leaves_attention_to_pytorch(fresh_kernel, monkeypatch):
+    """Guards against a missing compiler failing the first prefill, or being reported as
+    something else; on any host, since the CPU checks come before the compiler's."""
+    _host(monkeypatch, "x86_64", "AVX512")
+    monkeypatch.setenv("CXX", str(fresh_kernel / "no-such-compiler"))
+    assert not cpu_kernels.available()
+    assert "no-such-compiler" in cpu_kernels.reason
+    _lean_forward_runs()
+
+
+@pytest.mark.parametrize(
+    "machine, capability, said",
+    [("x86_64", "AVX2", "needs AVX-512, this CPU offers AVX2"),
+     ("x86_64", "DEFAULT", "this CPU offers DEFAULT"),
+     ("aarch64", "DEFAULT", "written for x86-64, this is aarch64")],
+)  # fmt: skip
+def test_a_cpu_without_avx512_leaves_attention_to_pytorch(
+    fresh_kernel, monkeypatch, caplog, machine, capability, said
+):
+    """Guards against building AVX-512 code on a CPU that cannot run it (it would die with
+    an illegal instruction) and against a reason that does not say what the CPU lacks."""
+    _host(monkeypatch, machine, capability)
+    with caplog.at_level(logging.INFO, logger="specd.cpu_kernels"):
+        assert not cpu_kernels.available()
+    assert said in cpu_kernels.reason and said in caplog.text
+    assert not list(fresh_kernel.rglob("*.so"))
+    _lean_forward_runs()
 
 
 @needs_kernel
