@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -329,17 +329,23 @@ def _counterexample(
 
 
 def drafter_checks(
-    drafter: str, options: dict[str, Any], seed: int = 0, thorough: bool = False
+    drafter: str,
+    options: dict[str, Any],
+    modes: Collection[str] = ("greedy", "sampled"),
+    seed: int = 0,
+    thorough: bool = False,
 ) -> Iterator[Result]:
-    """``drafter/q-honesty`` at every setting of :data:`Q_SETTINGS`, stopping at a failure."""
+    """``drafter/q-honesty`` at the settings of :data:`Q_SETTINGS` the decoding ``modes``
+    ("greedy", "sampled") cover, stopping at a failure."""
     calls = Q_CALLS * (THOROUGH_FACTOR if thorough else 1)
+    settings = [s for s in Q_SETTINGS if ("greedy" if s.temperature == 0 else "sampled") in modes]
     with _captured() as capture:
         bench = EngineBench(drafter, options, None)
         contexts = [
             ("its cycle", conformance_prompt(bench.target)),
             ("no repeats", list(FRESH_PROMPT)),
         ]
-        for setting in Q_SETTINGS:
+        for setting in settings:
             result = check_setting(bench, setting, contexts, calls, seed)
             failure = bench.plugin_failure(None)
             if failure and result.passed:

@@ -81,7 +81,7 @@ def checks(
     for name, modes in by_name.items():
         yield from verifier_checks(registry.make("verifiers", name), modes, seed=seed)
     if drafter is not None:
-        yield from drafter_checks(drafter, options, seed=seed, thorough=thorough)
+        yield from drafter_checks(drafter, options, set(verifiers), seed=seed, thorough=thorough)
         yield from engine_checks(drafter, options, verifiers, seed=seed, thorough=thorough)
 
 

@@ -183,7 +183,7 @@ def test_thorough_draws_more(monkeypatch, mutant_plugins):
         return real(bench, setting, contexts, 4, seed)
 
     monkeypatch.setattr(dc, "check_setting", spy)
-    list(dc.drafter_checks(Bigram.name, {}, thorough=True))
+    list(dc.drafter_checks(Bigram.name, {}, thorough=True))  # both modes by default
     list(dc.drafter_checks(Bigram.name, {}))
     n = len(dc.Q_SETTINGS)
     assert seen == [dc.Q_CALLS * dc.THOROUGH_FACTOR] * n + [dc.Q_CALLS] * n

@@ -118,8 +118,11 @@ def test_the_command_line_checks_only_the_modes_a_named_verifier_claims():
     assert report["verifiers"] == {"greedy": "greedy"}
     assert {r["property"] for r in report["results"]} == {
         "verifier/greedy-identity",
+        "drafter/q-honesty",
         "engine/greedy-identity",
     }
+    q = [r["info"]["setting"] for r in report["results"] if r["property"] == "drafter/q-honesty"]
+    assert q == ["greedy"]  # the sampled settings matter only to a sampling verifier
 
 
 @pytest.mark.parametrize(
@@ -149,7 +152,7 @@ def test_thorough_reaches_the_engine_checks_with_four_times_the_samples(capsys, 
         seen.append(thorough)
         return iter(())
 
-    def q_checks(drafter, options, seed=0, thorough=False):
+    def q_checks(drafter, options, modes, seed=0, thorough=False):
         seen.append(("q", thorough))
         return iter(())
 
