@@ -13,6 +13,7 @@ stop strings, text).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import threading
 import time
@@ -28,6 +29,7 @@ from .generation import Completion, Delta, Emitter, Generation
 from .healing import Constraint, Guide, TokenBytes, heal
 from .isolation import PluginGuard
 from .kvcache import KVCache
+from .limits import ContextLimits, RequestMemory, request_memory
 from .ngram_index import Corpus
 from .prefix_cache import PrefixCache
 from .sampling import SamplingParams, choose, make_generator, warp
@@ -137,6 +139,17 @@ class Engine:
         return heal(prompt, self.token_bytes)
 
     @functools.cached_property
+    def limits(self) -> ContextLimits:
+        """The model's context window and longest token (the vocabulary is read on first use):
+        every prompt is held to them before it is tokenized or run."""
+        return ContextLimits.of(self.target)
+
+    def request_memory(self, tokens: int) -> RequestMemory:
+        """The most memory a request over ``tokens`` positions takes beyond the weights
+        (:func:`specd.limits.request_memory`)."""
+        return request_memory(self.target, tokens, FEED_TOKENS + self.max_draft + 1)
+
+    @functools.cached_property
     def token_bytes(self) -> TokenBytes:
         """The bytes each token writes (read from the tokenizer on first use)."""
         return TokenBytes.from_tokenizer(self.tokenizer, self.target.vocab_size)
@@ -175,6 +188,8 @@ class Engine:
         """
         params = params or SamplingParams()
         ids = self._prompt_ids(prompt)
+        if len(ids) + params.max_tokens > self.limits.window:  # past the window: cut to the room
+            params = dataclasses.replace(params, max_tokens=self.limits.cap(len(ids), 1 << 62))
         if isinstance(cancel, threading.Event):
             cancel = cancel.is_set
         d = drafter or self.default_drafter
@@ -232,7 +247,13 @@ class Engine:
         return self.guard.snapshot()
 
     def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
-        ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        """The prompt's ids, refused (:class:`~specd.limits.ContextLengthExceeded`) when not one
+        token would fit after them: a text before it is tokenized when its length shows it."""
+        if isinstance(prompt, str):
+            ids = self.limits.encode(self.tokenize, prompt, 1)
+        else:
+            self.limits.check_tokens(len(prompt), 1)
+            ids = [int(t) for t in prompt]
         if not ids:
             if (bos := getattr(self.tokenizer, "bos_token_id", None)) is None:
                 raise BadInputError("the prompt is empty and the model has no BOS to start from")

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 from .errors import BadInputError
 
 if TYPE_CHECKING:
-    from .engine import Engine
     from .target import Target
 
 #: A character takes at most this many bytes in UTF-8: a file this many times larger than
@@ -174,9 +173,10 @@ class RequestMemory:
         return self.kv_cache + self.activations + self.logits
 
 
-def request_memory(engine: Engine, tokens: int) -> RequestMemory:
+def request_memory(target: Target, tokens: int, verify_rows: int) -> RequestMemory:
     """The most memory a request over ``tokens`` positions (its prompt and its
-    completion) takes beyond the weights, from the model's shape.
+    completion) takes beyond the weights, from the model's shape
+    (:meth:`specd.Engine.request_memory` gives ``verify_rows`` for its engine).
 
     - KV cache: keys and values per layer and position; the buffers grow by doubling from
       the prompt's length and a prefill chunk, so up to twice that.
@@ -185,13 +185,11 @@ def request_memory(engine: Engine, tokens: int) -> RequestMemory:
       :data:`~specd.target.PREFILL_CHUNK` over all the keys: its hidden states and MLP,
       its additive mask (one row per query head of a group) and the attention scores,
       were they computed whole in float32.
-    - Logits of a verify pass: the tokens it feeds (:data:`~specd.engine.FEED_TOKENS`, the
-      draft, the pending token), in the model's dtype and warped to float32.
+    - Logits of a verify pass over ``verify_rows`` tokens (the prompt tokens a first step
+      feeds, the pending token, the draft), in the model's dtype and warped to float32.
     """
-    from .engine import FEED_TOKENS
     from .target import FIRST_CHUNK, PREFILL_CHUNK
 
-    target = engine.target
     cfg = target.config.get_text_config(decoder=True)
     heads = int(cfg.num_attention_heads)
     kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
@@ -210,6 +208,5 @@ def request_memory(engine: Engine, tokens: int) -> RequestMemory:
 
     first = min(tokens, FIRST_CHUNK)
     activations = max(one_pass(first, first), one_pass(min(tokens, PREFILL_CHUNK), tokens))
-    rows = FEED_TOKENS + engine.max_draft + 1
-    logits = rows * target.vocab_size * (item + 4)
+    logits = verify_rows * target.vocab_size * (item + 4)
     return RequestMemory(tokens, kv, activations, logits)

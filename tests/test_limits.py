@@ -15,7 +15,6 @@ from specd import (
     ContextLimits,
     Engine,
     SamplingParams,
-    request_memory,
 )
 from specd.limits import longest_token
 
@@ -98,8 +97,8 @@ def test_memory_estimate_holds_what_a_request_takes():
     engine = Engine.load("tiny", drafter="none")
     # the prefill reserves the prompt and 256 positions; the 297th token doubles that
     engine.generate([1] * 40, SamplingParams(max_tokens=280))
-    assert 0 < engine.prefix_cache.nbytes() <= request_memory(engine, 40 + 280).kv_cache
-    small, large = request_memory(engine, 100), request_memory(engine, 4096)
+    assert 0 < engine.prefix_cache.nbytes() <= engine.request_memory(40 + 280).kv_cache
+    small, large = engine.request_memory(100), engine.request_memory(4096)
     assert large.kv_cache > small.kv_cache and large.activations > small.activations
     assert large.total == large.kv_cache + large.activations + large.logits
 
@@ -120,3 +119,43 @@ def test_generate_refuses_an_oversize_file_by_its_size(tmp_path):
     assert r.returncode == 2, r.stderr
     assert f"--file {big}: 1,073,741,824 bytes" in r.stderr and "4,096 tokens" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def _small_window_engine(window: int) -> Engine:
+    from specd.tiny import tiny_target
+
+    engine = Engine(tiny_target(16, seed=0), drafter="none")
+    engine.limits = ContextLimits(window=window, token_chars=1)  # one character a token
+    return engine
+
+
+def test_the_engine_refuses_a_prompt_that_cannot_fit_before_tokenizing_it():
+    """Guards the Python API and every caller that skips the servers' checks (the language
+    server's prompts, a plugin's own requests) against tokenizing and prefilling past the
+    window."""
+    engine = _small_window_engine(64)
+    def tokenize(text: str) -> list[int]:
+        raise AssertionError(f"{len(text):,} characters were handed to the tokenizer")
+
+    engine.tokenize = tokenize  # type: ignore[method-assign]
+    with pytest.raises(ContextLengthExceeded, match="1,000,000 characters"):
+        engine.generate("!" * 1_000_000)
+    with pytest.raises(ContextLengthExceeded, match="64 tokens leave no room"):
+        engine.generate([1] * 64)
+    assert engine.prefix_cache.nbytes() == 0  # nothing was run
+
+
+def test_the_engine_cuts_max_tokens_to_the_room_left_in_the_window():
+    """Guards against decoding past the model's positions when prompt and completion
+    together are longer than the window."""
+    engine = _small_window_engine(64)
+    out = engine.generate([1] * 60, SamplingParams(max_tokens=32))
+    assert len(out.token_ids) == 4 and out.stats.finish_reason == "length"
+    assert len(engine.generate([1] * 20, SamplingParams(max_tokens=32)).token_ids) == 32
+
+
+def test_an_engines_limits_are_its_models():
+    from specd.tiny import tiny_target
+
+    target = tiny_target(16, seed=0)
+    assert Engine(target, drafter="none").limits.window == target.max_positions

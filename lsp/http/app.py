@@ -12,7 +12,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from specd import BadInputError, ContextLengthExceeded, request_memory
+from specd import BadInputError, ContextLengthExceeded
 
 from . import llama, openai
 from .runner import QueueFull
@@ -154,7 +154,7 @@ def run_http(
 ) -> int:
     """Serve until SIGINT or SIGTERM."""
 
-    worst = request_memory(service.engine, service.limits.window)
+    worst = service.engine.request_memory(service.limits.window)
     log.info(
         "a request may take up to %.0f MiB beyond the weights: a context window of %d tokens "
         "(KV cache %.0f MiB, activations %.0f MiB, logits %.0f MiB)",
