@@ -34,3 +34,16 @@ def real_engine():
     from specd import Engine
 
     return Engine.load(dtype="float32", device="cpu")
+
+
+@pytest.fixture
+def one_thread():
+    """Torch on one thread for the test. Tiny models and one-token steps gain nothing from a
+    second thread, and on a busy machine its waiting costs many times the work. Function
+    scoped, so a session fixture (the real model) is still loaded with the default count."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -27,6 +27,8 @@ VOCAB = 48
 TARGET = tiny_target(VOCAB, seed=2, logit_scale=30.0, num_layers=2)
 DRAFT_VOCAB = 40  # tokens 40..47 can never be drafted
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 @pytest.fixture(scope="module")
 def head_file(tmp_path_factory):

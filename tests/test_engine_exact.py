@@ -15,6 +15,8 @@ from specd.tiny import tiny_target
 
 VOCAB = 48
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 class OracleTreeDrafter(Drafter):
     """Proposes a random token tree. One branch follows a known continuation with random

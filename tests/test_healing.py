@@ -18,6 +18,8 @@ from specd.registry import get_plugin_manager
 from specd.target import Target
 from specd.tiny import tiny_model
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 # Single characters plus pieces that overlap them, so one text has many tokenizations.
 PIECES = [
     *" abcdex_()=:\n",

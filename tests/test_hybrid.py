@@ -22,6 +22,8 @@ from specd.tiny import tiny_target
 VOCAB = 48
 TARGET = tiny_target(VOCAB, seed=2, logit_scale=30.0, num_layers=2)
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 class Fixed(Drafter):
     """Proposes a given draft, cut to the budget, and records the budgets it was given."""
