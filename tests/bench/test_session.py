@@ -10,12 +10,15 @@ from pathlib import Path
 import pytest
 from specd.lsp.config import AUTO_PREFIX_SIZES
 
-from specd.bench import session, session_report
+from specd.bench import session, session_report, session_run
 from specd.bench.session import Ask
 from specd.bench.session_run import score, suggestion
 from specd.cli import build_parser, main
 
 ORACLE = [sys.executable, str(Path(__file__).with_name("session_oracle.py"))]
+# The oracle answers alike whatever a configuration's options: two configurations, one
+# daemon each, show each daemon replayed and scored on its own.
+TWO_CONFIGS = ("--configs", "default,ngram")
 
 
 def _source(tmp_path: Path, n_files: int = 2) -> Path:
@@ -96,11 +99,12 @@ def test_a_server_that_knows_the_file_scores_exact_on_every_request(tmp_path):
     newline, a lost indentation change) makes the oracle's copy of the document differ
     from the file, and its answers empty."""
     src = _source(tmp_path)
-    args = _args("--files", str(src), "--limit", "2", "--session-lines", "4")
+    args = _args("--files", str(src), "--limit", "2", "--session-lines", "4", *TWO_CONFIGS)
     args.keystroke_ms = 0
     report = session_report.run(args, server=ORACLE)
     scripts = session.build(session.expand_files([str(src)]), limit=2, block_lines=4)
     rests = [s.ask.rest for sc in scripts for s in sc.steps if s.ask is not None]
+    assert len(report["results"]) == 2
     for row in report["results"]:
         assert row["requests"] == len(rests)
         assert row["empty_rate"] == 0 and row["exact_line_rate"] == 1
@@ -112,16 +116,18 @@ def test_a_server_that_knows_the_file_scores_exact_on_every_request(tmp_path):
         assert 0 < row["later_p90_s"] <= max(r["latency_s"] for r in row["per_request"])
 
 
-def test_a_server_that_never_suggests_ends_the_run_with_every_request_scored(tmp_path):
+def test_a_server_that_never_suggests_ends_the_run_with_every_request_scored(tmp_path, monkeypatch):
     """Guards against a run that asks the first place again until a suggestion comes: a
     server with nothing to suggest held it for ten minutes. It stops waiting after
     READY_TRIES asks, scores every request empty, and reports no ready time."""
+    monkeypatch.setattr(session_run, "READY_TRIES", 3)  # the same stop, sooner
     src = _source(tmp_path, n_files=1)
-    args = _args("--files", str(src), "--limit", "1", "--session-lines", "3")
+    args = _args("--files", str(src), "--limit", "1", "--session-lines", "3", *TWO_CONFIGS)
     args.keystroke_ms = 0
     report = session_report.run(args, server=[*ORACLE, "--silent"])
     scripts = session.build(session.expand_files([str(src)]), limit=1, block_lines=3)
     asks = sum(s.ask is not None for sc in scripts for s in sc.steps)
+    assert len(report["results"]) == 2
     for row in report["results"]:
         assert row["requests"] == asks and row["empty_rate"] == 1
         assert row["ready_s"] is None
@@ -134,6 +140,7 @@ def test_the_session_report_carries_the_contract_fields(tmp_path, capsys):
     src = _source(tmp_path, n_files=1)
     argv = ["bench", "--workload", "session", "--model", "tiny", "--files", str(src)]
     argv += ["--limit", "1", "--session-lines", "2", "--configs", "default", "--no-progress"]
+    argv += ["--threads", "1"]  # the daemon's torch: a tiny model gains nothing from more
     assert main([*argv, "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     (row,) = report["results"]
