@@ -138,8 +138,10 @@ def build_engine(args: argparse.Namespace, **engine_options: Any) -> Engine:
         command has options for (``prefix_cache_entries``, ``prefix_cache_bytes``, ...).
     """
     from .engine import Engine
+    from .speculation import check_names
 
     opts = parse_options(args.drafter_option)
+    check_names(args.drafter, args.verifier, args.exit_policy)  # a typo costs no model load
     return Engine.load(
         args.model,
         dtype=args.dtype,

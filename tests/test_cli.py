@@ -73,12 +73,10 @@ def test_generate_streams_text(tmp_path):
 @pytest.mark.parametrize(
     "args, needle",
     [
-        # the model is loaded before the names are looked up: the tiny one, not the default
-        (["generate", "x", "--model", "tiny", "--drafter", "nope"], "unknown drafter 'nope'"),
-        (
-            ["generate", "x", "--model", "tiny", "--exit-policy", "nope"],
-            "unknown exit policy 'nope'",
-        ),
+        # the names are looked up before the model is loaded: a typo costs no load
+        (["generate", "x", "--drafter", "nope"], "unknown drafter 'nope'"),
+        (["generate", "x", "--exit-policy", "nope"], "unknown exit policy 'nope'"),
+        (["generate", "x", "--verifier", "nope"], "unknown verifier 'nope'"),
         (["generate", "x", "--top-p", "2"], "top_p"),
         (["generate", "x", "--max-tokens", "0"], "max_tokens"),
         (["generate", "x", "--dtype", "int3"], "unknown dtype 'int3'"),
