@@ -255,6 +255,7 @@ def check_setting(
     totals = Counter[str]()
     tests = 0
     combined: list[GTest] = []
+    info: dict[str, Any] = {"setting": setting.name}
     for c, (label, prompt) in enumerate(contexts):
         s = seed * 7_919 + 1_000 * c + Q_SETTINGS.index(setting)
         params = setting.sampling(s)
@@ -263,7 +264,8 @@ def check_setting(
             groups, sampled, deterministic = judge(drafts, params.greedy)
         except _Dishonest as e:
             example = {"context": prompt, "setting": setting.name, **e.example}
-            return Result(PROPERTY, subject, False, e.detail, example, time.perf_counter() - t0)
+            seconds = time.perf_counter() - t0
+            return Result(PROPERTY, subject, False, e.detail, example, seconds, info)
         totals.update(
             calls=len(drafts),
             sampled=sampled,
@@ -285,6 +287,7 @@ def check_setting(
                     f"drafted tokens do not follow the reported q ({where}): " + test.describe(),
                     _counterexample(prompt, setting, key, group, test),
                     time.perf_counter() - t0,
+                    info,
                 )
     if len(combined) > 1:
         # A q wrong at every node is seen in every group: their sum sees it sooner than any one.
@@ -299,8 +302,9 @@ def check_setting(
                 + pooled.describe(),
                 {"context": [p for _, p in contexts], "setting": setting.name, "groups": tests},
                 time.perf_counter() - t0,
+                info,
             )
-    info = {"setting": setting.name, "tests": tests, **totals}
+    info.update(tests=tests, **totals)
     if not totals["calls"]:
         detail = f"the drafter drafted nothing within {MAX_STEPS} steps: nothing to check"
     elif worst is None:
@@ -356,6 +360,7 @@ def drafter_checks(
                     failure,
                     {"setting": setting.name, "errors": capture.errors()},
                     result.seconds,
+                    {"setting": setting.name},
                 )
             yield result
             if not result.passed:

@@ -52,6 +52,7 @@ def test_specd_verify_fails_a_dishonest_q_on_the_q_honesty_property(
     failed = [r for r in report["results"] if not r["passed"]]
     assert [r["property"] for r in failed] == [dc.PROPERTY]
     assert failed[0]["counterexample"]["setting"] != "greedy"
+    assert failed[0]["info"]["setting"] == failed[0]["counterexample"]["setting"]
     # nothing after the failure ran
     assert not any(r["property"].startswith("engine/") for r in report["results"])
 
