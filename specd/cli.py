@@ -20,7 +20,7 @@ from . import allocator, registry
 from .bench import command as bench_command
 from .conformance import command as verify_command
 from .errors import BadInputError, ModelNotFoundError, SpecdError
-from .limits import UTF8_MAX_BYTES, ContextLengthExceeded, ContextLimits
+from .limits import UTF8_MAX_BYTES, ContextLengthExceeded
 from .options import (
     EXIT_BAD_INPUT,
     EXIT_CHECK_FAILED,
@@ -47,7 +47,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     size = _file_size(args.file) if args.file is not None else 0  # unreadable: before loading
     params = sampling_params(args)
     engine = build_engine(args)
-    limits = ContextLimits.of(engine.target)
+    limits = engine.limits
     what = f"--file {args.file}" if args.file is not None else "PROMPT"
     if args.file is not None:
         limits.check_bytes(size, what)
