@@ -134,6 +134,7 @@ def test_the_engine_refuses_a_prompt_that_cannot_fit_before_tokenizing_it():
     server's prompts, a plugin's own requests) against tokenizing and prefilling past the
     window."""
     engine = _small_window_engine(64)
+
     def tokenize(text: str) -> list[int]:
         raise AssertionError(f"{len(text):,} characters were handed to the tokenizer")
 
