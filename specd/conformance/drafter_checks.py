@@ -13,7 +13,8 @@ every drafted token is compared with the row its own draft reported for it:
   the rows are all the same, so that is the exact multinomial test; deeper down each row is
   conditioned on the tokens drawn above it, and summing them keeps every draw compared with
   its own condition (the test is then conservative: the counts vary less than a multinomial);
-  and the groups' statistics summed, which sees a q that is wrong at every node sooner;
+- the groups' statistics are also summed, with their degrees of freedom: a q that is wrong at
+  every node is seen there sooner than in any one group;
 - a draft that reports ``q = None`` claims to be deterministic: every call must return the
   same draft, whatever the generator;
 - at temperature 0 the draft must be deterministic too (``q = None``, or one-hot rows).
@@ -38,7 +39,7 @@ from ..draft import Draft
 from ..errors import PluginError
 from ..sampling import SamplingParams, make_generator
 from ..speculation import check_draft
-from .engine_checks import EngineBench, _captured
+from .engine_checks import EngineBench, captured_errors
 from .engine_scenarios import conformance_prompt
 from .gtest import ALPHA, GTest, chi2_sf, g_test
 from .results import Result
@@ -179,11 +180,15 @@ def sample_drafts(
             ctx.generator = own
         return None  # the draws are what was wanted; the step itself is plain
 
+    own = vars(drafter).get("propose")  # an instance's own propose, if it has one
     drafter.propose = propose  # type: ignore[method-assign]  # this instance only
     try:
         bench.run(prompt, params, cancel=lambda: bool(drafts or malformed))
     finally:
-        del drafter.propose
+        if own is not None:
+            drafter.propose = own  # type: ignore[method-assign]
+        else:
+            del drafter.propose
     if malformed:
         raise _Dishonest("returned a malformed draft: " + malformed[0], {})
     return drafts
@@ -343,7 +348,7 @@ def drafter_checks(
     ("greedy", "sampled") cover, stopping at a failure."""
     calls = Q_CALLS * (THOROUGH_FACTOR if thorough else 1)
     settings = [s for s in Q_SETTINGS if ("greedy" if s.temperature == 0 else "sampled") in modes]
-    with _captured() as capture:
+    with captured_errors() as capture:
         bench = EngineBench(drafter, options, None)
         contexts = [
             ("its cycle", conformance_prompt(bench.target)),

@@ -35,6 +35,8 @@ __all__ = [
     "MAX_DRAFT",
     "SCENARIOS",
     "EngineBench",
+    "ErrorCapture",
+    "captured_errors",
     "check_greedy_identity",
     "check_sampled",
     "conformance_prompt",
@@ -48,7 +50,7 @@ GREEDY_TOKENS = 16
 SEEDED_REPEATS = 20
 
 
-class _Capture(logging.Handler):
+class ErrorCapture(logging.Handler):
     """Collects the engine's error records (a failing plugin is logged, not raised)."""
 
     def __init__(self) -> None:
@@ -69,8 +71,10 @@ class _Capture(logging.Handler):
 
 
 @contextmanager
-def _captured() -> Iterator[_Capture]:
-    capture = _Capture()
+def captured_errors() -> Iterator[ErrorCapture]:
+    """The engine's error records while the block runs (a failing plugin is logged, not
+    raised, so a check must look for them)."""
+    capture = ErrorCapture()
     log = logging.getLogger("specd")
     log.addHandler(capture)
     try:
@@ -135,7 +139,7 @@ def engine_checks(
 def check_greedy_identity(drafter: str, options: dict[str, Any], verifier: str) -> Result:
     """At temperature 0 the engine with the drafter emits what plain greedy decoding emits."""
     prop, subject = "engine/greedy-identity", f"drafter {drafter} with verifier {verifier}"
-    with _captured() as capture:
+    with captured_errors() as capture:
         t0 = time.perf_counter()
         bench = EngineBench(drafter, options, verifier)
         params = SamplingParams(temperature=0.0, max_tokens=GREEDY_TOKENS)
@@ -187,7 +191,7 @@ def check_sampled(
     """For each scenario, sampled sequences over the horizon follow the target's exact law;
     then drafts were made and accepted, and the same seed gives the same sequence."""
     subject = f"drafter {drafter} with verifier {verifier}"
-    with _captured() as capture:
+    with captured_errors() as capture:
         bench = EngineBench(drafter, options, verifier)
         totals: Counter[str] = Counter()
         first: dict[int, tuple[EngineScenario, list[int]]] = {}
@@ -207,7 +211,7 @@ def _check_law(
     seed: int,
     totals: Counter[str],
     first: dict[int, tuple[EngineScenario, list[int]]],
-    capture: _Capture,
+    capture: ErrorCapture,
 ) -> Result:
     prop = f"engine/law/{scenario.name}"
     subject = f"drafter {bench.drafter} with verifier {bench.verifier}"

@@ -67,16 +67,9 @@ def test_the_honest_bigram_passes_at_every_setting(mutant_plugins):
     assert results[0].info["deterministic"] == 2 * dc.Q_CALLS
 
 
-def test_an_argmax_draft_reported_as_sampled_fails(capsys):
+def test_an_argmax_draft_reported_as_sampled_fails(broken_plugins):
     """The draft model's argmax drafted while its softmax is handed over as q."""
-    import broken_plugin
-
-    pm = get_plugin_manager()
-    pm.register(broken_plugin, name="specd-verify-broken")
-    try:
-        results = q_results("broken_argmax_q", {"model": "tiny:0"})
-    finally:
-        pm.unregister(broken_plugin)
+    results = q_results("broken_argmax_q", {"model": "tiny:0"})
     assert not results[-1].passed
     assert results[-1].property == dc.PROPERTY
     assert "do not follow the reported q" in results[-1].detail
