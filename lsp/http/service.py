@@ -45,7 +45,7 @@ class HttpService:
         limits: ContextLimits | None = None,
     ) -> None:
         self.engine = engine
-        self.limits = limits or ContextLimits.of(engine.target)
+        self.limits = limits or engine.limits
         self.body_timeout_s = BODY_TIMEOUT_S
         self.params = params or SamplingParams()
         self.metrics = HttpMetrics()
