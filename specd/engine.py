@@ -13,7 +13,6 @@ stop strings, text).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import threading
 import time
@@ -188,8 +187,7 @@ class Engine:
         """
         params = params or SamplingParams()
         ids = self._prompt_ids(prompt)
-        if len(ids) + params.max_tokens > self.limits.window:  # past the window: cut to the room
-            params = dataclasses.replace(params, max_tokens=self.limits.cap(len(ids), 1 << 62))
+        params = self.limits.fit(len(ids), params)
         if isinstance(cancel, threading.Event):
             cancel = cancel.is_set
         d = drafter or self.default_drafter
@@ -247,21 +245,8 @@ class Engine:
         return self.guard.snapshot()
 
     def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
-        """The prompt's ids, refused (:class:`~specd.limits.ContextLengthExceeded`) when not one
-        token would fit after them: a text before it is tokenized when its length shows it."""
-        if isinstance(prompt, str):
-            ids = self.limits.encode(self.tokenize, prompt, 1)
-        else:
-            self.limits.check_tokens(len(prompt), 1)
-            ids = [int(t) for t in prompt]
-        if not ids:
-            if (bos := getattr(self.tokenizer, "bos_token_id", None)) is None:
-                raise BadInputError("the prompt is empty and the model has no BOS to start from")
-            ids = [int(bos)]
-        if bad := [t for t in ids if not 0 <= t < self.target.vocab_size]:
-            v = self.target.vocab_size
-            raise BadInputError(f"prompt token ids out of range [0, {v}): {bad[:5]}")
-        return ids
+        bos = getattr(self.tokenizer, "bos_token_id", None)
+        return self.limits.prompt_ids(prompt, self.tokenize, self.target.vocab_size, bos)
 
     # -- the decode loop ----------------------------------------------------------------
 

@@ -14,11 +14,13 @@ largest prefill pass and the logits of a verify pass (:func:`request_memory`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .errors import BadInputError
+from .sampling import SamplingParams
 
 if TYPE_CHECKING:
     from .target import Target
@@ -131,6 +133,35 @@ class ContextLimits:
         ids = tokenize(text)
         self.check_tokens(len(ids), max_tokens, what, asked)
         return ids
+
+    def prompt_ids(
+        self,
+        prompt: str | Sequence[int],
+        tokenize: Callable[[str], list[int]],
+        vocab_size: int,
+        bos: int | None,
+    ) -> list[int]:
+        """A request's prompt as token ids: refused when not one token would fit after it (a
+        text before it is tokenized when its length shows it), ``bos`` for an empty one, and
+        every id checked against the vocabulary."""
+        if isinstance(prompt, str):
+            ids = self.encode(tokenize, prompt, 1)
+        else:
+            self.check_tokens(len(prompt), 1)
+            ids = [int(t) for t in prompt]
+        if not ids:
+            if bos is None:
+                raise BadInputError("the prompt is empty and the model has no BOS to start from")
+            ids = [int(bos)]
+        if bad := [t for t in ids if not 0 <= t < vocab_size]:
+            raise BadInputError(f"prompt token ids out of range [0, {vocab_size}): {bad[:5]}")
+        return ids
+
+    def fit(self, n_tokens: int, params: SamplingParams) -> SamplingParams:
+        """``params`` with ``max_tokens`` cut to the room a prompt of ``n_tokens`` leaves."""
+        if n_tokens + params.max_tokens <= self.window:
+            return params
+        return dataclasses.replace(params, max_tokens=self.cap(n_tokens, params.max_tokens))
 
     def cap(self, n_tokens: int, max_tokens: int, what: str = "prompt") -> int:
         """``max_tokens`` cut to the room a prompt of ``n_tokens`` leaves: for a number the
