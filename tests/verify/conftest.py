@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import broken_plugin
+import mutants as mutant_plugin
 import pytest
 import torch
 
@@ -16,6 +17,15 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def mutant_plugins():
+    """The mutants of tests/verify/mutants.py, installed for one test."""
+    pm = get_plugin_manager()
+    pm.register(mutant_plugin, name="specd-verify-mutants")
+    yield mutant_plugin
+    pm.unregister(mutant_plugin)
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ from __future__ import annotations
 from fractions import Fraction
 from functools import cache
 
-import mutants as mutant_plugin
 import pytest
 import torch
 from engine_law import engine_law, ngram_draft, target_rows
@@ -28,16 +27,7 @@ from specd.conformance.gtest import detection_probability, g_test
 from specd.conformance.suite import plan
 from specd.conformance.synthetic import scenarios
 from specd.conformance.verifier_checks import VERIFIER_SAMPLES, check_law
-from specd.registry import get_plugin_manager
 from specd.sampling import warp
-
-
-@pytest.fixture
-def mutant_plugins():
-    pm = get_plugin_manager()
-    pm.register(mutant_plugin, name="specd-verify-mutants")
-    yield mutant_plugin
-    pm.unregister(mutant_plugin)
 
 
 def ngram_options() -> dict:

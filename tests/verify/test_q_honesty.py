@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 
-import mutants as mutant_plugin
 import pytest
 import torch
 from mutants import Q_MUTANTS, Bigram
@@ -21,14 +20,6 @@ from specd.conformance import suite
 from specd.registry import get_plugin_manager
 
 
-@pytest.fixture
-def mutant_plugins():
-    pm = get_plugin_manager()
-    pm.register(mutant_plugin, name="specd-verify-mutants")
-    yield mutant_plugin
-    pm.unregister(mutant_plugin)
-
-
 def verify(capsys, *args: str) -> tuple[int, dict]:
     code = cli.main(["verify", *args, "--json"])
     return code, json.loads(capsys.readouterr().out)
@@ -36,6 +27,23 @@ def verify(capsys, *args: str) -> tuple[int, dict]:
 
 def q_results(drafter: str, options: dict | None = None) -> list:
     return list(dc.drafter_checks(drafter, options or {}))
+
+
+def q_results_of(cls: type[Drafter]) -> list:
+    """The check's results for ``cls``, installed as a plugin for the call only."""
+
+    class Plugin:
+        @staticmethod
+        @hookimpl
+        def specd_register_drafters(register):
+            register(cls)
+
+    pm = get_plugin_manager()
+    pm.register(Plugin, name=f"specd-test-{cls.name}")
+    try:
+        return q_results(cls.name)
+    finally:
+        pm.unregister(Plugin)
 
 
 @pytest.mark.parametrize("mutant", Q_MUTANTS, ids=lambda m: m.name)
@@ -117,20 +125,7 @@ def _one_off(kind: str) -> type[Drafter]:
     ],
 )
 def test_each_draft_is_held_to_its_own_word(kind, needle):
-    cls = _one_off(kind)
-
-    class Plugin:
-        @staticmethod
-        @hookimpl
-        def specd_register_drafters(register):
-            register(cls)
-
-    pm = get_plugin_manager()
-    pm.register(Plugin, name="specd-one-off")
-    try:
-        results = q_results(cls.name)
-    finally:
-        pm.unregister(Plugin)
+    results = q_results_of(_one_off(kind))
     if needle is None:
         assert all(r.passed for r in results), [r.detail for r in results if not r.passed]
     else:
@@ -147,18 +142,7 @@ def test_a_drafter_that_never_drafts_passes_saying_so():
         def propose(self, ctx, budget):
             return None
 
-    class Plugin:
-        @staticmethod
-        @hookimpl
-        def specd_register_drafters(register):
-            register(Never)
-
-    pm = get_plugin_manager()
-    pm.register(Plugin, name="specd-never")
-    try:
-        results = q_results("never_drafts")
-    finally:
-        pm.unregister(Plugin)
+    results = q_results_of(Never)
     assert all(r.passed for r in results)
     assert "drafted nothing" in results[0].detail
 
