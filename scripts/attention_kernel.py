@@ -18,7 +18,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from specd import cpu_kernels
+from specd.forward import cpu_kernels
 
 SHAPES = [(1024, 0), (512, 0), (256, 0), (64, 0), (256, 768), (64, 1024), (16, 1024), (9, 1024)]
 

@@ -105,7 +105,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 stage, name, out = sys.argv[1:]
 tok = AutoTokenizer.from_pretrained(stage, gguf_file=name)
 model = AutoModelForCausalLM.from_pretrained(stage, gguf_file=name, dtype=torch.float32)
-model.hf_quantizer = None  # dequantised already; see specd.models.converted_dir
+model.hf_quantizer = None  # dequantised already; see specd.forward.models.converted_dir
 if hasattr(model.config, "quantization_config"):
     delattr(model.config, "quantization_config")
 model.save_pretrained(out)

@@ -5,7 +5,7 @@ top of a cached context, for each T, and the kernel's passes over its one-token 
     python scripts/step_kernel.py --threads 2 --context 1024
 
 The eager side runs as `specd bench --packed-weights on` runs it (prepacked weights for
-every pass); the kernel is the `kernel` compile backend (specd/csrc/decode_step.cpp).
+every pass); the kernel is the `kernel` compile backend (specd/forward/csrc/decode_step.cpp).
 """
 
 from __future__ import annotations

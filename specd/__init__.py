@@ -11,6 +11,7 @@ from .errors import (
     SpecdError,
     UnknownPluginError,
 )
+from .forward.target import Target
 from .generation import Completion, Delta, Generation
 from .healing import Constraint
 from .hookspecs import hookimpl
@@ -19,7 +20,6 @@ from .ngram_index import CorpusIndex, NgramIndex
 from .registry import make_drafter
 from .sampling import SamplingParams, sample, warp
 from .stats import Stats, percentile
-from .target import Target
 
 __version__ = "0.1.0"
 

@@ -12,9 +12,9 @@ from .draft import Draft, Verdict
 from .sampling import SamplingParams
 
 if TYPE_CHECKING:
+    from .forward.target import Target
     from .kvcache import KVCache
     from .ngram_index import Corpus
-    from .target import Target
 
 
 @dataclass

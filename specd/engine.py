@@ -24,6 +24,7 @@ import torch
 from .api import DraftContext
 from .draft import Draft, Step, Verdict
 from .errors import BadInputError
+from .forward.target import FIRST_CHUNK, PREFILL_CHUNK, Target
 from .generation import Completion, Delta, Emitter, Generation
 from .healing import Constraint, Guide, TokenBytes, heal
 from .isolation import PluginGuard
@@ -34,7 +35,6 @@ from .prefix_cache import PrefixCache
 from .sampling import SamplingParams, choose, make_generator, warp
 from .speculation import NO_DRAFTER, PluginInstances, Request, Speculation, check_exact, check_names
 from .stats import Stats
-from .target import FIRST_CHUNK, PREFILL_CHUNK, Target
 
 #: Tokens a warm-up prefills between two looks at its cancel check: a request waits at
 #: most this long for the warm-up it interrupts.
@@ -112,12 +112,12 @@ class Engine:
     ) -> Engine:
         """Load a model offline and build an engine around it.
 
-        :param model: as ``--model`` takes it (:func:`specd.models.load_target`).
+        :param model: as ``--model`` takes it (:func:`specd.forward.models.load_target`).
         :param compile, prefill_dtype, packed_weights: :meth:`specd.Target.compile`,
             :meth:`specd.Target.set_prefill_dtype`, :meth:`specd.Target.pack_weights`.
         :param engine_options: the keyword arguments of :class:`Engine`.
         """
-        from .models import load_target, parse_dtype
+        from .forward.models import load_target, parse_dtype
 
         prefill = parse_dtype(prefill_dtype) if prefill_dtype else None  # fail before loading
         target = load_target(model, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
@@ -337,7 +337,7 @@ class Engine:
         leave: int = 0,
     ) -> tuple[KVCache, int, str]:
         """Bring a cache to hold ``prompt[:-1]``, reusing the longest cached prefix, with
-        ``stop`` checked between prefill chunks (:data:`specd.target.PREFILL_CHUNK`);
+        ``stop`` checked between prefill chunks (:data:`specd.forward.target.PREFILL_CHUNK`);
         ``leave`` or fewer tokens left are not computed (the first step feeds them).
 
         :param hidden: receives the last hidden states of the tokens computed, by chunk.

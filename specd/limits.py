@@ -23,7 +23,7 @@ from .errors import BadInputError
 from .sampling import SamplingParams
 
 if TYPE_CHECKING:
-    from .target import Target
+    from .forward.target import Target
 
 #: A character takes at most this many bytes in UTF-8: a file this many times larger than
 #: the characters a window holds cannot fit, whatever it says.
@@ -212,14 +212,14 @@ def request_memory(target: Target, tokens: int, verify_rows: int) -> RequestMemo
     - KV cache: keys and values per layer and position; the buffers grow by doubling from
       the prompt's length and a prefill chunk, so up to twice that.
     - Activations of the largest pass: a prefill's first pass over up to
-      :data:`~specd.target.FIRST_CHUNK` tokens, or a later chunk of
-      :data:`~specd.target.PREFILL_CHUNK` over all the keys: its hidden states and MLP,
+      :data:`~specd.forward.target.FIRST_CHUNK` tokens, or a later chunk of
+      :data:`~specd.forward.target.PREFILL_CHUNK` over all the keys: its hidden states and MLP,
       its additive mask (one row per query head of a group) and the attention scores,
       were they computed whole in float32.
     - Logits of a verify pass over ``verify_rows`` tokens (the prompt tokens a first step
       feeds, the pending token, the draft), in the model's dtype and warped to float32.
     """
-    from .target import FIRST_CHUNK, PREFILL_CHUNK
+    from .forward.target import FIRST_CHUNK, PREFILL_CHUNK
 
     cfg = target.config.get_text_config(decoder=True)
     heads = int(cfg.num_attention_heads)

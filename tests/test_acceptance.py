@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from specd import Engine, SamplingParams, Target
-from specd.tiny import CharTokenizer
+from specd.forward.tiny import CharTokenizer
 
 #: de Bruijn sequence B(4, 2): all 16 ordered pairs of {0, 1, 2, 3}, each once (cyclically)
 PATTERN = [0, 0, 1, 0, 2, 0, 3, 1, 1, 2, 1, 3, 2, 2, 3, 3]

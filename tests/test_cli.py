@@ -124,7 +124,7 @@ def test_the_tiny_model_is_a_model_name(capsys):
     """``--model tiny:SEED`` loads a tiny random target through the one loader (seed 0
     when none is given), in every command that takes --model."""
     from specd.cli import main
-    from specd.models import load_target
+    from specd.forward.models import load_target
 
     for model in ("tiny", "tiny:0", "tiny:3"):
         assert main(["generate", "abc", "--model", model, "--max-tokens", "4", "--json"]) == 0

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from specd import Engine, SamplingParams
-from specd.compiled import BUCKETS, CompiledStep
-from specd.target import Target
-from specd.tiny import CharTokenizer, tiny_model
+from specd.forward.compiled import BUCKETS, CompiledStep
+from specd.forward.target import Target
+from specd.forward.tiny import CharTokenizer, tiny_model
 
 VOCAB = 40
 
@@ -142,7 +142,7 @@ def test_a_failed_compile_falls_back_to_eager_with_the_reason_logged(monkeypatch
     monkeypatch.setattr(torch, "compile", broken)
     model = tiny_model(VOCAB, num_layers=1, seed=2)
     target = Target(model, CharTokenizer(VOCAB))
-    with caplog.at_level(logging.WARNING, logger="specd.compiled"):
+    with caplog.at_level(logging.WARNING, logger="specd.forward.compiled"):
         step = target.compile("on", backend="inductor")
     assert step is not None and step.state == "failed"
     assert "no compiler here" in step.reason and "no compiler here" in caplog.text

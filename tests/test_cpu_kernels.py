@@ -1,4 +1,4 @@
-"""The CPU attention kernel (specd/csrc/attention.cpp): what it computes, when the lean
+"""The CPU attention kernel (specd/forward/csrc/attention.cpp): what it computes, when the lean
 forward uses it, and that it steps aside where it cannot run."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specd import cpu_kernels
 from specd.engine import Engine
+from specd.forward import cpu_kernels
+from specd.forward.tiny import tiny_target
 from specd.sampling import SamplingParams
-from specd.tiny import tiny_target
 
 needs_kernel = pytest.mark.skipif(
     not cpu_kernels.available(), reason=f"CPU attention kernel unavailable: {cpu_kernels.reason}"
@@ -131,7 +131,7 @@ def fresh_kernel(monkeypatch, tmp_path):
 
 def test_turned_off_by_the_environment(fresh_kernel, monkeypatch, caplog):
     monkeypatch.setenv("SPECD_CPU_KERNELS", "off")
-    with caplog.at_level(logging.INFO, logger="specd.cpu_kernels"):
+    with caplog.at_level(logging.INFO, logger="specd.forward.cpu_kernels"):
         assert not cpu_kernels.available()
     assert "SPECD_CPU_KERNELS" in cpu_kernels.reason
     assert "SPECD_CPU_KERNELS" in caplog.text
@@ -175,7 +175,7 @@ def test_a_cpu_without_avx512_leaves_attention_to_pytorch(
     """Guards against building AVX-512 code on a CPU that cannot run it (it would die with
     an illegal instruction) and against a reason that does not say what the CPU lacks."""
     _host(monkeypatch, machine, capability)
-    with caplog.at_level(logging.INFO, logger="specd.cpu_kernels"):
+    with caplog.at_level(logging.INFO, logger="specd.forward.cpu_kernels"):
         assert not cpu_kernels.available()
     assert said in cpu_kernels.reason and said in caplog.text
     assert not list(fresh_kernel.rglob("*.so"))
@@ -302,7 +302,7 @@ def test_a_mask_that_hides_cached_positions_stays_with_pytorch(monkeypatch):
 
 @needs_kernel
 def test_queries_of_weight_major_products_are_taken(monkeypatch):
-    """Where a few-row product is computed weight-major (specd.products), a pass of up to 16
+    """Where a few-row product is computed weight-major (specd.forward.products), a pass of up to 16
     tokens gets transposed queries; the kernel takes them (a 16-token prompt once failed)."""
     target, fast = _lean(seed=8)
     monkeypatch.setattr(fast, "_weight_major", True)

@@ -1,4 +1,4 @@
-"""specd's step kernel (specd/csrc/decode_step.cpp, the ``kernel`` compile backend): every
+"""specd's step kernel (specd/forward/csrc/decode_step.cpp, the ``kernel`` compile backend): every
 pass it serves computes what the eager lean forward computes, greedy output stays
 token-identical to plain decoding, and it steps aside, saying why, where it cannot run."""
 
@@ -10,12 +10,13 @@ import pytest
 import torch
 from test_compiled import VOCAB, replay_session
 
-from specd import Engine, SamplingParams, cpu_kernels
-from specd.compiled import default_backend
-from specd.decode_step import for_decoder as kernel_step
-from specd.decode_step import usable as kernel_usable
-from specd.target import Target
-from specd.tiny import CharTokenizer, tiny_model
+from specd import Engine, SamplingParams
+from specd.forward import cpu_kernels
+from specd.forward.compiled import default_backend
+from specd.forward.decode_step import for_decoder as kernel_step
+from specd.forward.decode_step import usable as kernel_usable
+from specd.forward.target import Target
+from specd.forward.tiny import CharTokenizer, tiny_model
 
 needs_kernel = pytest.mark.skipif(
     not cpu_kernels.available(), reason=f"CPU kernels unavailable: {cpu_kernels.reason}"
@@ -120,7 +121,7 @@ def test_auto_compile_on_cpu_uses_the_kernel_where_it_takes_the_model():
 @needs_kernel
 def test_a_model_it_cannot_take_falls_back_to_eager_with_the_reason(caplog):
     target = Target(tiny_model(VOCAB, dtype=torch.float32), CharTokenizer(VOCAB))
-    with caplog.at_level(logging.WARNING, logger="specd.compiled"):
+    with caplog.at_level(logging.WARNING, logger="specd.forward.compiled"):
         step = target.compile("on", backend="kernel")
     assert step is not None and step.state == "failed"
     assert "head size 8" in step.reason and "head size 8" in caplog.text
@@ -173,7 +174,7 @@ def test_a_cache_in_another_dtype_turns_the_step_off_and_runs_eager(caplog):
     for layer in cache._layers:  # what a half-precision cache holds
         layer._dtype = torch.float16
     kernel.prefill(cache, [1, 2, 3])
-    with caplog.at_level(logging.WARNING, logger="specd.compiled"):
+    with caplog.at_level(logging.WARNING, logger="specd.forward.compiled"):
         out = kernel.forward(cache, [4])
     assert out.logits.shape == (1, VOCAB)
     assert kernel.compiled.state == "failed" and "float16" in kernel.compiled.reason

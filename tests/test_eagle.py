@@ -20,8 +20,8 @@ from specd.plugins.eagle.headfile import (
 )
 
 from specd import BadInputError, DraftContext, Engine, SamplingParams, Target
-from specd.products import weight_major
-from specd.tiny import tiny_model, tiny_target
+from specd.forward.products import weight_major
+from specd.forward.tiny import tiny_model, tiny_target
 
 VOCAB = 48
 TARGET = tiny_target(VOCAB, seed=2, logit_scale=30.0, num_layers=2)

@@ -10,7 +10,7 @@ from safetensors import safe_open
 from specd.plugins.eagle.headfile import load_head, read_meta
 
 from specd.cli import main
-from specd.models import load_target
+from specd.forward.models import load_target
 from specd.options import EXIT_BAD_INPUT, EXIT_OK
 
 

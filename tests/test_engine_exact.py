@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from specd import Draft, Drafter, Engine, ExitPolicy, SamplingParams, hookimpl
+from specd.forward.tiny import tiny_target
 from specd.registry import get_plugin_manager
-from specd.tiny import tiny_target
 
 VOCAB = 48
 
@@ -267,7 +267,7 @@ def test_time_budget():
 
 
 def test_cancellation_during_a_long_prefill_keeps_what_was_computed():
-    from specd.target import FIRST_CHUNK, PREFILL_CHUNK
+    from specd.forward.target import FIRST_CHUNK, PREFILL_CHUNK
 
     engine = Engine(tiny_target(VOCAB, seed=0), drafter="none")
     prompt = [i % VOCAB for i in range(FIRST_CHUNK + PREFILL_CHUNK * 2 + 5)]

@@ -13,8 +13,8 @@ import pytest
 from specd.plugins.greedy import GreedyVerifier
 
 from specd import Draft, Drafter, Engine, ExitPolicy, SamplingParams, hookimpl
+from specd.forward.tiny import tiny_target
 from specd.registry import get_plugin_manager
-from specd.tiny import tiny_target
 
 VOCAB = 48
 TARGET = tiny_target(VOCAB, seed=3, logit_scale=8.0)

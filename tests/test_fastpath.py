@@ -8,9 +8,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specd import fastpath, products
-from specd.target import Target
-from specd.tiny import CharTokenizer, tiny_model
+from specd.forward import fastpath, products
+from specd.forward.target import Target
+from specd.forward.tiny import CharTokenizer, tiny_model
 
 VOCAB = 50
 
@@ -348,7 +348,7 @@ def test_a_prefill_fills_every_layer_as_a_full_forward_does(arch):
 
 
 def test_prefill_passes_start_with_one_long_pass_into_an_empty_cache():
-    from specd.target import FIRST_CHUNK, PREFILL_CHUNK, prefill_pieces
+    from specd.forward.target import FIRST_CHUNK, PREFILL_CHUNK, prefill_pieces
 
     assert prefill_pieces(0, 10) == [(0, 10)]
     assert prefill_pieces(0, FIRST_CHUNK + 300) == [

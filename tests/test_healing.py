@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 
 from specd import Constraint, Draft, Drafter, Engine, SamplingParams, hookimpl
 from specd.conformance.gtest import ALPHA, g_test
+from specd.forward.target import Target
+from specd.forward.tiny import tiny_model
 from specd.healing import Guide, TokenBytes, heal
 from specd.registry import get_plugin_manager
-from specd.target import Target
-from specd.tiny import tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -17,7 +17,7 @@ from specd import (
     Engine,
     SamplingParams,
 )
-from specd.tiny import tiny_target
+from specd.forward.tiny import tiny_target
 
 VOCAB = 48
 TARGET = tiny_target(VOCAB, seed=2, logit_scale=30.0, num_layers=2)

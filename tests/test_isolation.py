@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from specd import Draft, Drafter, Engine, ExitPolicy, SamplingParams, Verdict, Verifier, hookimpl
+from specd.forward.tiny import tiny_target
 from specd.registry import get_plugin_manager
-from specd.tiny import tiny_target
 
 VOCAB = 40
 

@@ -7,8 +7,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from specd.forward.tiny import tiny_target
 from specd.prefix_cache import PrefixCache
-from specd.tiny import tiny_target
 
 VOCAB = 40
 TARGET = tiny_target(VOCAB, seed=5, num_layers=2)
@@ -134,7 +134,7 @@ def test_prefill_allocates_the_prompt_once():
     """A long prompt is prefilled into buffers allocated once for it, not doubled and copied
     chunk by chunk (the per-chunk cost a one-pass prefill does not pay); the buffers are
     zeros beyond the live positions, which a compiled step attends over masked."""
-    from specd.target import PREFILL_CHUNK
+    from specd.forward.target import PREFILL_CHUNK
 
     cache = TARGET.new_cache(capacity=8)
     TARGET.prefill(cache, [1, 2, 3])

@@ -122,7 +122,7 @@ def test_generate_refuses_an_oversize_file_by_its_size(tmp_path):
 
 
 def _small_window_engine(window: int) -> Engine:
-    from specd.tiny import tiny_target
+    from specd.forward.tiny import tiny_target
 
     engine = Engine(tiny_target(16, seed=0), drafter="none")
     engine.limits = ContextLimits(window=window, token_chars=1)  # one character a token
@@ -156,7 +156,7 @@ def test_the_engine_cuts_max_tokens_to_the_room_left_in_the_window():
 
 
 def test_an_engines_limits_are_its_models():
-    from specd.tiny import tiny_target
+    from specd.forward.tiny import tiny_target
 
     target = tiny_target(16, seed=0)
     assert Engine(target, drafter="none").limits.window == target.max_positions

@@ -64,7 +64,7 @@ def test_continuations_are_distinct_and_most_recent_first():
 
 def test_ngram_tree_drafts_are_identical_to_plain():
     from specd import Engine, SamplingParams
-    from specd.tiny import tiny_target
+    from specd.forward.tiny import tiny_target
 
     target = tiny_target(48, seed=2, logit_scale=30.0)
     engine = Engine(target, drafter_options={"ngram": {"branches": 3}}, exit_policy="fixed")

@@ -99,7 +99,7 @@ def test_registrations_are_collected_once_per_plugin_set(fresh_manager):
     """Every request looks plugins up by name several times; none of that may call the
     hooks again until the set of plugins changes."""
     from specd import Engine, SamplingParams
-    from specd.tiny import tiny_target
+    from specd.forward.tiny import tiny_target
 
     pm = registry.get_plugin_manager()
     Counting.calls = 0

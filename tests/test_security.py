@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 from specd import BadInputError
-from specd.models import load
+from specd.forward.models import load
 
 NO_NETWORK = textwrap.dedent(
     """

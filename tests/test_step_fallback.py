@@ -1,6 +1,6 @@
 """The step kernel is checked before it serves: ``compile("auto")`` on a CPU runs its first
 one- and five-token passes beside the eager ones, and a kernel whose logits or hidden states
-differ by more than :data:`specd.decode_step.TOLERANCE` of their scale is refused, logged
+differ by more than :data:`specd.forward.decode_step.TOLERANCE` of their scale is refused, logged
 with the reason, and every pass runs eager.
 
 The kernel here is a stand-in (its passes are the eager pass's, changed on purpose), so
@@ -14,16 +14,17 @@ import logging
 import pytest
 import torch
 
-from specd import Engine, SamplingParams, cpu_kernels, decode_step
-from specd.target import Target
-from specd.tiny import CharTokenizer, tiny_model
+from specd import Engine, SamplingParams
+from specd.forward import cpu_kernels, decode_step
+from specd.forward.target import Target
+from specd.forward.tiny import CharTokenizer, tiny_model
 
 VOCAB = 40
 PROMPT = "abcabcabd abcab abcabc"
 
 
 class FakeKernel:
-    """Stands in for :class:`specd.decode_step.DecodeStep`: each pass is the eager pass,
+    """Stands in for :class:`specd.forward.decode_step.DecodeStep`: each pass is the eager pass,
     changed by ``change(tokens, logits, hidden)``; the passes' token counts are recorded."""
 
     def __init__(self, change) -> None:
@@ -32,7 +33,7 @@ class FakeKernel:
 
 
 def _fake_run(step, fast, cache, ids, position_ids, mask=None):
-    """:func:`specd.decode_step.run` for a :class:`FakeKernel`: the eager pass writes the
+    """:func:`specd.forward.decode_step.run` for a :class:`FakeKernel`: the eager pass writes the
     keys and values, and the caller advances the cache, as after the kernel's pass."""
     past, t = cache.length, ids.shape[1]
     logits, hidden = fast.forward(cache, ids, position_ids, mask, hidden=True)
@@ -112,7 +113,7 @@ def test_a_kernel_that_disagrees_with_eager_is_refused_and_passes_run_eager(
     kernel = kernel_with(change)
     model = _model()
     target = Target(model, CharTokenizer(VOCAB))
-    with caplog.at_level(logging.WARNING, logger="specd.compiled"):
+    with caplog.at_level(logging.WARNING, logger="specd.forward.compiled"):
         step = target.compile("auto")
     assert step is not None and step.backend == "kernel"
     assert step.state == "failed" and not step.ready
@@ -133,7 +134,7 @@ def test_a_kernel_within_float32_rounding_is_kept_and_serves(kernel_with, caplog
     kernel = kernel_with(_float32_rounding)
     model = _model()
     target = Target(model, CharTokenizer(VOCAB))
-    with caplog.at_level(logging.WARNING, logger="specd.compiled"):
+    with caplog.at_level(logging.WARNING, logger="specd.forward.compiled"):
         step = target.compile("auto")
     assert step is not None and step.backend == "kernel"
     assert step.ready and step.reason == "", step.reason

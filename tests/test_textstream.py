@@ -3,8 +3,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
+from specd.forward.tiny import CharTokenizer
 from specd.textstream import TextStream
-from specd.tiny import CharTokenizer
 
 
 class ByteTokenizer:

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
+from ..forward.target import Target
 from ..kvcache import KVCache
-from ..target import Target
 
 #: Trials of the floor measurement (bandwidth, then steps), of which the median counts.
 TRIALS = 5
@@ -100,7 +100,7 @@ def measure(
     one reading makes a ratio nobody can repeat. Each trial measures the bandwidth and then
     ``repeats`` steps right after it, so a trial's ratio pairs figures taken under the same
     conditions; the report gives the median trial and the spread of the trials. Where the
-    target has a compiled step (:mod:`specd.compiled`), each trial times the eager step too,
+    target has a compiled step (:mod:`specd.forward.compiled`), each trial times the eager step too,
     in the same trial.
 
     :returns: ``step_s`` (median over trials of each trial's median step), ``floor_s``

@@ -16,8 +16,8 @@ import time
 from typing import Any
 
 from ..engine import Engine
+from ..forward.target import Target
 from ..sampling import SamplingParams
-from ..target import Target
 from .workloads import Prompt
 
 EDITS = ("cursor", "middle")

@@ -40,7 +40,7 @@ class TargetSpec:
     packed_weights: str = "off"
 
     def load(self):
-        from ..models import load_target, parse_dtype
+        from ..forward.models import load_target, parse_dtype
 
         target = load_target(
             self.model,
@@ -61,13 +61,13 @@ class TargetSpec:
         if draft_model == "target":
             return target.model
         if draft_model.startswith("tiny:"):
-            from ..tiny import tiny_model
+            from ..forward.tiny import tiny_model
 
             lm = tiny_model(
                 target.vocab_size, num_layers=1, seed=int(draft_model.removeprefix("tiny:"))
             )
             return lm.to(device=target.device, dtype=target.dtype)
-        from .. import models
+        from ..forward import models
 
         lm, _ = models.load(
             draft_model,

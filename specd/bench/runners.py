@@ -19,8 +19,8 @@ from typing import Any
 import torch
 
 from ..engine import Engine
+from ..forward.target import Target
 from ..sampling import SamplingParams
-from ..target import Target
 from .configs import Config
 from .workloads import Prompt
 

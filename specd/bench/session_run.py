@@ -68,11 +68,11 @@ CONFIGS = (
     # the prompt read in bfloat16, the suggestions written in float32: faster prefills on
     # CPUs with bfloat16 products, not token-identical (docs/benchmarks.md, bfloat16)
     SessionConfig("bf16-prefill", args=("--prefill-dtype", "bfloat16")),
-    # the compiled step (specd.compiled) made ready before the daemon answers `initialize`:
+    # the compiled step (specd.forward.compiled) made ready before the daemon answers `initialize`:
     # its compile counts in the start-up time, not in another daemon's turn (where the step
     # kernel runs, `auto` already does this)
     SessionConfig("compiled", args=("--compile", "on")),
-    # neither of specd's CPU kernels (specd.cpu_kernels): prefills attend through PyTorch's
+    # neither of specd's CPU kernels (specd.forward.cpu_kernels): prefills attend through PyTorch's
     # kernels, decode and verify passes run eager
     SessionConfig("no-cpu-kernels", env=(("SPECD_CPU_KERNELS", "off"),)),
 )

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import BadInputError
-from ..target import Target
+from ..forward.target import Target
 
 #: Default new tokens per prompt, per workload (``--max-tokens`` overrides).
 DEFAULT_MAX_TOKENS = {"editor": 64, "humaneval": 64, "edit": 96, "random": 64}

@@ -1,7 +1,7 @@
 """The tiny target the engine checks run on, its exact sequence law, and the sampling
 scenarios whose sequences are compared with that law.
 
-The target is :func:`specd.tiny.tiny_model` (seed 0, float64) over eight tokens with its
+The target is :func:`specd.forward.tiny.tiny_model` (seed 0, float64) over eight tokens with its
 output layer scaled so its distributions are peaked like a trained model's. Over a short
 horizon its sequence law is enumerated exactly: the target run on every prefix, warped with
 :func:`specd.sampling.warp` as the engine warps it.
@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
+from ..forward.target import Target
+from ..forward.tiny import tiny_target
 from ..sampling import SamplingParams, warp
-from ..target import Target
-from ..tiny import tiny_target
 
 VOCAB = 8
 HORIZON = 4
@@ -26,7 +26,7 @@ TARGET_LOGIT_SCALE = 8.0
 
 
 def conformance_target() -> Target:
-    """The tiny target every engine check uses: :func:`specd.tiny.tiny_model` with seed 0
+    """The tiny target every engine check uses: :func:`specd.forward.tiny.tiny_model` with seed 0
     in float64, its output layer scaled so its distributions are peaked like a trained
     model's. The ``draft_model`` drafter's ``tiny:0`` (the same weights, scaled less) is a
     flatter draft model of it."""

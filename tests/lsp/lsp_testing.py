@@ -1,7 +1,7 @@
 """Helpers for the language-server tests (a module, not a conftest, so tests import it).
 
 End-to-end tests start the real server (``specd serve --stdio``) with ``--model tiny``:
-a tiny random model (``specd.tiny``), so a server starts in seconds and nothing is
+a tiny random model (``specd.forward.tiny``), so a server starts in seconds and nothing is
 downloaded. Its completions are random characters; the tests check the protocol, not the
 text.
 """

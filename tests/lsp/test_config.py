@@ -112,7 +112,7 @@ def test_a_request_prefill_is_timed_for_auto(restore_auto_prefix, monkeypatch):
     from specd.lsp.documents import Document
 
     from specd import Engine, SamplingParams
-    from specd.tiny import tiny_target
+    from specd.forward.tiny import tiny_target
 
     seen: list[tuple[int, float]] = []
     monkeypatch.setattr(config, "observed_prefill", lambda n, s: seen.append((n, s)))
@@ -134,7 +134,7 @@ def test_the_daemon_measures_its_prefill_at_load(restore_auto_prefix):
     from specd.lsp import serve
 
     from specd import Engine
-    from specd.tiny import tiny_target
+    from specd.forward.tiny import tiny_target
 
     config._auto_prefix[0] = -1
     engine = Engine(tiny_target(96, seed=0), drafter="none")
@@ -148,7 +148,7 @@ def test_drafter_options_the_drafter_rejects_end_the_daemons_start():
     from specd.lsp import serve
 
     from specd import BadInputError, Engine
-    from specd.tiny import tiny_target
+    from specd.forward.tiny import tiny_target
 
     target = tiny_target(96, seed=0)
     engine = Engine(target, drafter="ngram", drafter_options={"ngram": {"max_n": "four"}})

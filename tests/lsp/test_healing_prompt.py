@@ -10,7 +10,7 @@ from specd.lsp.config import Settings
 from specd.lsp.documents import Document
 
 from specd import Constraint, Engine, SamplingParams
-from specd.tiny import tiny_target
+from specd.forward.tiny import tiny_target
 
 
 def _cursor(text: str):

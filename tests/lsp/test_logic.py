@@ -18,7 +18,7 @@ from specd.lsp.scheduler import Job, Worker
 from specd.lsp.workspace import ACCEPTED, WorkspaceIndex
 
 from specd import Engine, SamplingParams, Stats
-from specd.tiny import tiny_target
+from specd.forward.tiny import tiny_target
 
 
 def _encode(text: str) -> list[int]:

@@ -36,8 +36,8 @@ from specd.lsp.service import Service
 from specd.lsp.warmup import AHEAD_CHARS, OPEN_WARM_S, Background
 
 from specd import Completion, Delta, Engine, Generation, SamplingParams, Stats
-from specd.target import PREFILL_CHUNK
-from specd.tiny import tiny_target
+from specd.forward.target import PREFILL_CHUNK
+from specd.forward.tiny import tiny_target
 
 # -- Engine.warm ---------------------------------------------------------------------------------
 

@@ -49,12 +49,12 @@ def test_without_fim_tokens_the_prompt_is_the_prefix():
 
 
 def test_default_model_tokenizer_is_prefix_only():
-    """Found the way ``specd`` finds it (specd.models, which converts it on first use).
+    """Found the way ``specd`` finds it (specd.forward.models, which converts it on first use).
     Skipped only where the default model's package is not installed: installed but not
     found is a failure."""
     from importlib.metadata import PackageNotFoundError, distribution
 
-    from specd import models
+    from specd.forward import models
 
     source = models.ALIASES[models.DEFAULT_MODEL]
     try:

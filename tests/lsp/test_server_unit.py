@@ -10,7 +10,7 @@ from specd.lsp.server import SpecdServer
 from specd.lsp.service import Service
 
 from specd import Engine
-from specd.tiny import tiny_target
+from specd.forward.tiny import tiny_target
 
 
 def test_a_failing_completion_is_logged_once_and_answers_empty(caplog):

@@ -17,7 +17,7 @@ from specd.lsp.service import Service
 
 from specd import Engine
 from specd.cli import main
-from specd.tiny import tiny_target
+from specd.forward.tiny import tiny_target
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from specd.plugins.ngram import NgramDrafter
 
 from specd import SamplingParams
 from specd.conformance.engine_scenarios import MAX_DRAFT, target_row
-from specd.target import Target
+from specd.forward.target import Target
 
 Rows = Callable[[tuple[int, ...]], np.ndarray]
 

@@ -18,7 +18,7 @@ from specd import (
     SamplingParams,
     warp,
 )
-from specd.tiny import tiny_target
+from specd.forward.tiny import tiny_target
 
 VOCAB = 16
 

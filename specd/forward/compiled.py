@@ -54,10 +54,10 @@ import torch
 import torch.nn.functional as F
 from torch.fx.experimental import _config as fx_config
 
+from ..errors import BadInputError
+from ..kvcache import KVCache
 from . import decode_step
-from .errors import BadInputError
 from .fastpath import FastDecoder
-from .kvcache import KVCache
 from .static_graph import Buffers, StaticGraph
 
 log = logging.getLogger(__name__)

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..kvcache import KVCache
 from . import cpu_kernels, products
-from .kvcache import KVCache
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from .errors import BadInputError
+from ..errors import BadInputError
 from .target import Target
 
 #: The model name :func:`specd.models.load_target` reads as a tiny target: ``tiny`` or

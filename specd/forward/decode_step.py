@@ -10,9 +10,9 @@ from collections.abc import Callable
 
 import torch
 
+from ..kvcache import KVCache
 from . import cpu_kernels
 from .fastpath import FastDecoder
-from .kvcache import KVCache
 
 #: The most a kernel pass's logits or hidden states may differ from the eager pass's,
 #: relative to their largest magnitude, before the kernel is refused (float32 sums in

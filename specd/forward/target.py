@@ -12,11 +12,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..errors import BadInputError
+from ..kvcache import KVCache
 from . import decode_step, fastpath, products
 from .compiled import CompiledStep
-from .errors import BadInputError
 from .fastpath import FastDecoder
-from .kvcache import KVCache
 
 log = logging.getLogger(__name__)
 

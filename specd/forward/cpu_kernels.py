@@ -215,7 +215,7 @@ def _build() -> Path:
         version.stdout.encode(),
     ):
         key.update(part)
-    from .models import cache_dir
+    from ..paths import cache_dir
 
     where = cache_dir() / "kernels"
     lib = where / f"kernels-{key.hexdigest()[:16]}.so"

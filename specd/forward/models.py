@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .errors import BadInputError, ModelNotFoundError
+from ..errors import BadInputError, ModelNotFoundError
+from ..paths import cache_dir
 
 if TYPE_CHECKING:
     from .target import Target
@@ -50,16 +51,6 @@ DTYPES = {
     "float16": torch.float16,
     "float64": torch.float64,
 }
-
-
-def cache_dir() -> Path:
-    """Where converted weights live (``$SPECD_CACHE_DIR``, else the user cache directory)."""
-    env = os.environ.get("SPECD_CACHE_DIR")
-    if env:
-        return Path(env)
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("specd"))
 
 
 def default_device() -> str:
