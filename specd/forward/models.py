@@ -21,6 +21,7 @@ import torch
 
 from ..errors import BadInputError, ModelNotFoundError
 from ..paths import cache_dir
+from . import lean_model, tokenizer
 
 if TYPE_CHECKING:
     from .target import Target
@@ -200,25 +201,40 @@ def load(
     dtype: str | None = None,
     device: str | None = None,
     trust_remote_code: bool = False,
+    lean: bool = True,
 ):
     """Load (model, tokenizer) offline, unwrapped (a draft model needs no :class:`Target`).
 
+    A Llama-style safetensors checkpoint on the CPU loads without transformers
+    (:mod:`.lean_model`) unless ``lean`` is False or ``SPECD_FASTPATH=0``, and so does a
+    ``tokenizer.json`` tokenizer that transformers would use as it is (:mod:`.tokenizer`);
+    everything else loads through transformers.
+
+    :param lean: False: a transformers model always (one that runs ``generate``).
     :returns: the eval-mode model and its tokenizer."""
     device = parse_device(device) if device else default_device()
     torch_dtype = parse_dtype(dtype or default_dtype(device))
-    where = resolve(model)
+    where = Path(resolve(model))
     if not trust_remote_code:
-        _refuse_remote_code(Path(where))
+        _refuse_remote_code(where)
+    lm: Any = None
+    if lean and device == "cpu" and os.environ.get("SPECD_FASTPATH", "1") != "0":
+        lm = lean_model.load(where, torch_dtype)
+    tok: Any = tokenizer.load(where)
+    if lm is not None and tok is not None:
+        return lm, tok
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    tok = AutoTokenizer.from_pretrained(
-        where, trust_remote_code=trust_remote_code, local_files_only=True
-    )
-    lm: Any = AutoModelForCausalLM.from_pretrained(
-        where, dtype=torch_dtype, trust_remote_code=trust_remote_code, local_files_only=True
-    )
-    lm.to(device).eval()
+    if tok is None:
+        tok = AutoTokenizer.from_pretrained(
+            where, trust_remote_code=trust_remote_code, local_files_only=True
+        )
+    if lm is None:
+        lm = AutoModelForCausalLM.from_pretrained(
+            where, dtype=torch_dtype, trust_remote_code=trust_remote_code, local_files_only=True
+        )
+        lm.to(device).eval()
     return lm, tok
 
 

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from ..errors import BadInputError
 from ..kvcache import KVCache
-from . import decode_step, fastpath, products
+from . import decode_step, fastpath, lean_model, products
 from .compiled import CompiledStep
 from .fastpath import FastDecoder
 
@@ -41,7 +41,8 @@ class ForwardOut:
 
 
 class Target:
-    """A Hugging Face causal LM served by the engine.
+    """A causal LM served by the engine: a Hugging Face model, or a Llama-style checkpoint
+    loaded without transformers (:mod:`.lean_model`), which runs the lean forward always.
 
     ``forward`` runs the model over new tokens, appending their keys and values to the given
     cache. A token tree is fed as its nodes in order with ``parents`` (index into the fed
@@ -52,6 +53,10 @@ class Target:
     def __init__(
         self, model: Any, tokenizer: Any, *, name: str = "model", fast: bool | None = None
     ) -> None:
+        if fast is None:
+            fast = os.environ.get("SPECD_FASTPATH", "1") != "0"
+        if not fast:  # a model loaded without transformers has no forward of its own
+            model = lean_model.transformers_model(model)
         # Hugging Face models carry their configuration and helpers as dynamic attributes.
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -71,13 +76,17 @@ class Target:
         self._cache_kw = "past_key_values" if "past_key_values" in fwd else "cache"
         # The lean forward (specd.fastpath) for Llama-style models, unless turned off with
         # fast=False or SPECD_FASTPATH=0; other models run their own forward.
-        if fast is None:
-            fast = os.environ.get("SPECD_FASTPATH", "1") != "0"
         self.fast = FastDecoder(model) if fast and fastpath.supports(model) else None
         #: the compiled decode and verify step (:meth:`compile`), None while eager
         self.compiled: CompiledStep | None = None
         #: the lean forward prefill runs in another dtype (:meth:`set_prefill_dtype`)
         self.prefill_fast: FastDecoder | None = None
+
+    def hf_model(self) -> Any:
+        """The served model as a transformers model, for what needs transformers itself (its
+        ``generate``): the model, or one built on first use that shares the weights of a model
+        loaded without transformers (:func:`specd.forward.lean_model.transformers_model`)."""
+        return lean_model.transformers_model(self.model)
 
     def new_cache(self, capacity: int = 256) -> KVCache:
         if self.compiled is not None and self.compiled.backend == "cudagraph":

@@ -1,0 +1,319 @@
+"""Llama-style checkpoints loaded without transformers.
+
+Importing transformers and building its model costs seconds at every start; the lean forward
+(:mod:`.fastpath`) needs only the weights. Where it serves a model (see
+:func:`~specd.forward.fastpath.supports_config`) and the weights are safetensors,
+:func:`load` reads ``config.json``, memory-maps the weights and wraps them in
+:class:`LeanCausalLM`: the module tree of a Hugging Face Llama model (the same parameter
+names, the same ``get_decoder()`` parts), holding the weights and no forward of its own.
+Whatever needs a real transformers model (``generate`` in the bench's baselines) gets one
+sharing these weights from :func:`transformers_model`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import ModelNotFoundError
+from . import fastpath
+
+log = logging.getLogger(__name__)
+
+#: config.json keys without which the model's shape is unknown (transformers would fill in
+#: its own per-architecture defaults, which this module does not repeat).
+REQUIRED = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "max_position_embeddings",
+    "rms_norm_eps",
+)
+#: Defaults transformers applies alike to every architecture in ``fastpath.SUPPORTED``.
+DEFAULTS = {"tie_word_embeddings": False, "hidden_act": "silu", "mlp_bias": False}
+
+
+class LeanConfig:
+    """A model's ``config.json`` with attribute access, like a transformers config: a key
+    that is not there is an ``AttributeError`` (so ``getattr(cfg, key, None)`` is None)."""
+
+    def __init__(self, values: dict[str, Any]) -> None:
+        self.__dict__.update(values)
+
+    def get_text_config(self, decoder: bool = False) -> LeanConfig:
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+class GenerationDefaults:
+    """``generation_config.json``: the token ids a model stops at (``eos_token_id``)."""
+
+    def __init__(self, values: dict[str, Any]) -> None:
+        self.eos_token_id = values.get("eos_token_id")
+        self.bos_token_id = values.get("bos_token_id")
+        self.pad_token_id = values.get("pad_token_id")
+
+
+class Linear(nn.Module):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.weight = _param(weight)
+        self.bias = None if bias is None else _param(bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class Embedding(nn.Module):
+    def __init__(self, weight: nn.Parameter) -> None:
+        super().__init__()
+        self.weight = weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.weight)
+
+
+class RMSNorm(nn.Module):
+    """Llama's RMSNorm: normalised in float32, scaled in the input's dtype."""
+
+    def __init__(self, weight: torch.Tensor, eps: float) -> None:
+        super().__init__()
+        self.weight = _param(weight)
+        self.variance_epsilon = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return self.weight * h.to(x.dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    """Default rotary embeddings, computed as transformers' Llama computes them."""
+
+    def __init__(self, theta: float, head_dim: int) -> None:
+        super().__init__()
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor):
+        """cos and sin ``[B, T, D]`` in ``x``'s dtype for ``position_ids`` ``[B, T]``."""
+        inv_freq = self.inv_freq.to(device=x.device, dtype=torch.float)
+        freqs = position_ids[..., None].float() * inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, w: dict[str, Any], head_dim: int) -> None:
+        super().__init__()
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            setattr(self, name, Linear(w[name + ".weight"], w.get(name + ".bias")))
+        self.head_dim = head_dim
+        self.scaling = head_dim**-0.5
+
+
+class MLP(nn.Module):
+    def __init__(self, w: dict[str, Any]) -> None:
+        super().__init__()
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            setattr(self, name, Linear(w[name + ".weight"], None))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, w: dict[str, Any], head_dim: int, eps: float) -> None:
+        super().__init__()
+        self.self_attn = Attention(_under(w, "self_attn."), head_dim)
+        self.mlp = MLP(_under(w, "mlp."))
+        self.input_layernorm = RMSNorm(w["input_layernorm.weight"], eps)
+        self.post_attention_layernorm = RMSNorm(w["post_attention_layernorm.weight"], eps)
+
+
+class Decoder(nn.Module):
+    def __init__(self, w: dict[str, Any], cfg: LeanConfig, embed: nn.Parameter) -> None:
+        super().__init__()
+        eps = float(cfg.rms_norm_eps)
+        self.embed_tokens = Embedding(embed)
+        self.rotary_emb = RotaryEmbedding(_rope_theta(cfg), int(cfg.head_dim))
+        self.layers = nn.ModuleList(
+            DecoderLayer(_under(w, f"layers.{i}."), int(cfg.head_dim), eps)
+            for i in range(int(cfg.num_hidden_layers))
+        )
+        self.norm = RMSNorm(w["norm.weight"], eps)
+
+
+class LeanCausalLM(nn.Module):
+    """A Llama-style causal LM's weights under transformers' names and module tree, for
+    :class:`~specd.forward.fastpath.FastDecoder`; it runs no forward of its own."""
+
+    def __init__(self, w: dict[str, torch.Tensor], cfg: LeanConfig, source: Path) -> None:
+        super().__init__()
+        self.config = cfg
+        self.source = source
+        embed = _param(w["model.embed_tokens.weight"])
+        self.model = Decoder(_under(w, "model."), cfg, embed)
+        # Tied: the LM head is the embedding's own parameter, as in transformers.
+        self.lm_head = Linear(embed if cfg.tie_word_embeddings else w["lm_head.weight"], None)
+        gen = source / "generation_config.json"
+        self.generation_config = GenerationDefaults(_read_json(gen) if gen.is_file() else {})
+
+    def get_decoder(self) -> Decoder:
+        return self.model
+
+    def get_input_embeddings(self) -> Embedding:
+        return self.model.embed_tokens
+
+    def get_output_embeddings(self) -> Linear:
+        return self.lm_head
+
+
+def load(where: Path, dtype: torch.dtype) -> LeanCausalLM | None:
+    """The model in ``where`` as a :class:`LeanCausalLM` on the CPU, or None (with the reason
+    logged) when the lean forward does not serve it or its weights are not safetensors."""
+    cfg = read_config(where)
+    why = unsupported(cfg, where)
+    if why:
+        log.debug("loading %s with transformers: %s", where, why)
+        return None
+    from safetensors import safe_open
+
+    tensors: dict[str, torch.Tensor] = {}
+    for file in weight_files(where):
+        with safe_open(str(file), framework="pt") as f:  # memory-mapped
+            for key in f.keys():
+                tensors[key] = f.get_tensor(key)
+    expected = expected_names(cfg, tensors)
+    if set(tensors) != expected:
+        extra = sorted(set(tensors) - expected)[:3]
+        missing = sorted(expected - set(tensors))[:3]
+        log.debug(
+            "loading %s with transformers: names %s unexpected, %s missing", where, extra, missing
+        )
+        return None
+    converted: dict[int, torch.Tensor] = {}
+    for key, t in tensors.items():
+        if t.dtype != dtype:
+            tensors[key] = converted.setdefault(t.data_ptr(), t.to(dtype))
+    return LeanCausalLM(tensors, cfg, where).eval()
+
+
+def read_config(where: Path) -> LeanConfig:
+    """``config.json`` with the defaults transformers gives every supported architecture."""
+    values = _read_json(where / "config.json")
+    if not isinstance(values, dict):
+        raise ModelNotFoundError(f"{where / 'config.json'} does not hold a JSON object")
+    values = {**DEFAULTS, **values}
+    heads = values.get("num_attention_heads")
+    if isinstance(heads, int) and isinstance(values.get("hidden_size"), int):
+        values["num_key_value_heads"] = values.get("num_key_value_heads") or heads
+        values["head_dim"] = values.get("head_dim") or values["hidden_size"] // heads
+    return LeanConfig(values)
+
+
+def unsupported(cfg: LeanConfig, where: Path) -> str:
+    """Why :func:`load` leaves the model in ``where`` to transformers ("" when it does not)."""
+    missing = [k for k in REQUIRED if getattr(cfg, k, None) is None]
+    if missing:
+        return f"config.json lacks {', '.join(missing)}"
+    if not fastpath.supports_config(cfg):
+        return f"the lean forward does not run {getattr(cfg, 'model_type', '?')!r} as configured"
+    if cfg.model_type == "mistral" and "sliding_window" not in cfg.__dict__:
+        return "no sliding_window in config.json (transformers' default windows attention)"
+    if cfg.model_type == "qwen2" and getattr(cfg, "use_sliding_window", False):
+        return "sliding-window attention"
+    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+    kind = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "?"
+    if kind != "default" or getattr(cfg, "partial_rotary_factor", 1.0) != 1.0:
+        return f"rotary embeddings of type {kind!r}"
+    if not weight_files(where):
+        return "no safetensors weights"
+    return ""
+
+
+def weight_files(where: Path) -> list[Path]:
+    """The safetensors files of a checkpoint: the shards its index names, or the one file."""
+    index = where / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(_read_json(index).get("weight_map", {}).values()))
+        return [where / s for s in shards]
+    single = where / "model.safetensors"
+    return [single] if single.is_file() else []
+
+
+def expected_names(cfg: LeanConfig, present: dict[str, Any]) -> set[str]:
+    """The tensor names a checkpoint of ``cfg`` holds (biases where ``present`` has them)."""
+    names = {"model.embed_tokens.weight", "model.norm.weight"}
+    if not cfg.tie_word_embeddings:
+        names.add("lm_head.weight")
+    for i in range(int(cfg.num_hidden_layers)):
+        p = f"model.layers.{i}."
+        names |= {p + "input_layernorm.weight", p + "post_attention_layernorm.weight"}
+        for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            names.add(f"{p}self_attn.{proj}.weight")
+            if f"{p}self_attn.{proj}.bias" in present:
+                names.add(f"{p}self_attn.{proj}.bias")
+        names |= {f"{p}mlp.{proj}.weight" for proj in ("gate_proj", "up_proj", "down_proj")}
+    return names
+
+
+def transformers_model(model: Any) -> Any:
+    """``model`` as a transformers model: itself when it is one, else a transformers model of
+    the same checkpoint sharing a :class:`LeanCausalLM`'s weights (built once, on first use)."""
+    if not isinstance(model, LeanCausalLM):
+        return model
+    built = model.__dict__.get("_transformers")
+    if built is not None:
+        return built
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    dtype = model.lm_head.weight.dtype
+    config = AutoConfig.from_pretrained(model.source, local_files_only=True)
+    with torch.device("meta"):
+        hf: Any = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    hf.load_state_dict(model.state_dict(), strict=False, assign=True)
+    if config.tie_word_embeddings:
+        hf.get_output_embeddings().weight = hf.get_input_embeddings().weight
+    inv_freq = model.model.rotary_emb.inv_freq
+    for name, buf in list(hf.named_buffers()):
+        owner, _, attr = name.rpartition(".")
+        if not buf.is_meta:
+            continue
+        if not attr.endswith("inv_freq"):
+            raise RuntimeError(f"{name} of {type(hf).__name__} has no value from the checkpoint")
+        hf.get_submodule(owner).register_buffer(attr, inv_freq.clone(), persistent=False)
+    meta = [n for n, p in hf.named_parameters() if p.is_meta]
+    if meta:
+        raise RuntimeError(f"{', '.join(meta[:3])} missing from {model.source}")
+    if (model.source / "generation_config.json").is_file():
+        hf.generation_config = GenerationConfig.from_pretrained(model.source)
+    model.__dict__["_transformers"] = hf.eval()
+    return hf
+
+
+def _param(t: torch.Tensor) -> nn.Parameter:
+    return t if isinstance(t, nn.Parameter) else nn.Parameter(t, requires_grad=False)
+
+
+def _under(w: dict[str, Any], prefix: str) -> dict[str, Any]:
+    return {k[len(prefix) :]: v for k, v in w.items() if k.startswith(prefix)}
+
+
+def _rope_theta(cfg: LeanConfig) -> float:
+    params = getattr(cfg, "rope_parameters", None) or {}
+    return float(params.get("rope_theta") or getattr(cfg, "rope_theta", None) or 10000.0)
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ModelNotFoundError(f"cannot read {path}: {e}") from e
