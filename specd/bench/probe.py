@@ -59,7 +59,7 @@ class TargetSpec:
         ``tiny:SEED`` (a tiny random model over the target's vocabulary) or a model name as
         ``--model`` takes it, on the target's device and dtype."""
         if draft_model == "target":
-            return target.model
+            return target.hf_model()
         if draft_model.startswith("tiny:"):
             from ..forward.tiny import tiny_model
 
@@ -74,6 +74,7 @@ class TargetSpec:
             dtype=str(target.dtype).removeprefix("torch."),
             device=str(target.device),
             trust_remote_code=self.trust_remote_code,
+            lean=False,  # transformers' assisted generation runs it
         )
         return lm
 

@@ -170,7 +170,7 @@ class Runner:
 
     @torch.inference_mode()
     def _run_hf(self, cfg: Config, prompt: Prompt) -> Run:
-        model = self.target.model
+        model = self.target.hf_model()  # transformers' generate, on the target's weights
         ids = torch.tensor([prompt.ids], dtype=torch.long, device=self.target.device)  # [1, T]
         kw = self.hf_kwargs(cfg, prompt.max_tokens)
         clock = _Clock()
