@@ -30,7 +30,7 @@ from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-from specd import BadInputError, Completion, Delta, SamplingParams, Stats
+from specd import BadInputError, Completion, Constraint, ContextLimits, Delta, SamplingParams, Stats
 
 from . import prompting
 from .backend_prompt import SplitPrompt, split_prompt
@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 
 #: how often a generation checks its cancel flag while it waits for the server
 POLL_S = 0.01
+UNBOUNDED_WINDOW = 1 << 40  # ``limits.window`` when none is given: the server has its own
 
 _FINISH = {"stop": "eos", "length": "length", "eos": "eos", "word": "stop", "limit": "length"}
 _STATS_FIELDS = {f.name for f in dataclasses.fields(Stats)}
@@ -49,7 +50,12 @@ class BackendError(BadInputError):
 
 
 class Backend:
-    """Generates with a remote server; used by the completion pipeline as its engine.
+    """Generates with a remote server; used by the completion pipeline as its engine (a
+    :class:`~.engines.CompletionEngine`). What only a local model has is neutral here: no
+    ``prefix_cache``, :meth:`warm` computes nothing, :meth:`cached_tokens` counts every
+    token cached (no prompt is cut to spare a prefill this side cannot see), :meth:`heal`
+    backs nothing up (a server cannot be held to a constraint token by token), ``limits``
+    bound nothing unless given (the server refuses what does not fit its window).
 
     :param url: ``http://HOST:PORT/v1`` (or ``.../v1/completions``) for an OpenAI-compatible
         server, ``http://HOST:PORT/infill`` for llama.cpp's.
@@ -57,6 +63,7 @@ class Backend:
         its ``tokenize``).
     :param model: the ``model`` field to send (vLLM and SGLang check it); None sends none.
     :param api_key: sent as ``Authorization: Bearer KEY`` when given.
+    :param limits: the served model's context window, when known (the local copy's).
     """
 
     prefix_cache = None  # the server keeps its own
@@ -70,6 +77,7 @@ class Backend:
         model: str | None = None,
         api_key: str | None = None,
         timeout_s: float = 60.0,
+        limits: ContextLimits | None = None,
     ) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -89,11 +97,23 @@ class Backend:
             self.kind = "openai"
             self.path = path + ("/completions" if path.endswith("/v1") else "/v1/completions")
         self.tokenizer = tokenizer
-        self.tokenize = tokenize
+        self._tokenize = tokenize
         self.vocab = prompting.Vocabulary(tokenize, tokenizer)
         self.model = model
         self.api_key = api_key
         self.timeout_s = timeout_s
+        self.limits = limits or ContextLimits(window=UNBOUNDED_WINDOW, token_chars=1)
+
+    def tokenize(self, text: str) -> list[int]:
+        return self._tokenize(text)
+
+    def heal(self, prompt: Sequence[int]) -> tuple[list[int], Constraint | None]:
+        """No token healing: the prompt as it is, and no constraint."""
+        return list(prompt), None
+
+    def cached_tokens(self, prompt: Sequence[int]) -> int:
+        """Every token but the last (as an engine counts a prompt it holds)."""
+        return max(len(prompt) - 1, 0)
 
     def generate(
         self, prompt: str | Sequence[int], params: SamplingParams | None = None, **kw: Any
@@ -105,10 +125,7 @@ class Backend:
         return gen.completion
 
     def warm(self, prompt: str | Sequence[int], cancel: Any = None, **_: Any) -> tuple[int, int]:
-        """Nothing to prefill here: the server keeps its own prompt cache.
-
-        :returns: (0, 0), as :meth:`specd.Engine.warm` counts (cached, computed).
-        """
+        """Nothing to prefill here (the server keeps its own cache): (0, 0)."""
         return 0, 0
 
     def stream(

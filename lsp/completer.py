@@ -20,12 +20,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from specd import Engine, SamplingParams, Stats
+from specd import SamplingParams, Stats
 
 from . import config, postprocess, prompting
 from .cache import Entry
 from .config import Settings, prefix_tokens
 from .documents import Cursor, Document, Position
+from .engines import CompletionEngine
 from .metrics import Metrics
 from .workspace import WorkspaceIndex
 
@@ -146,7 +147,10 @@ class Completer:
     """
 
     def __init__(
-        self, engine: Engine, params: SamplingParams | None = None, metrics: Metrics | None = None
+        self,
+        engine: CompletionEngine,
+        params: SamplingParams | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.engine = engine
         self.params = params or SamplingParams()
@@ -298,9 +302,9 @@ class Completer:
         answer soon (``cold-prompt-tokens``): the last tokens before the cursor only. The
         full prompt is what the warm-ups fill, so later requests get it back."""
         limit = req.settings.cold_prompt_tokens
-        cached = getattr(self.engine, "cached_tokens", None)  # a remote backend has none
-        if not limit or cached is None:
+        if not limit:
             return prompt
+        cached = self.engine.cached_tokens
         todo = len(prompt.ids) - cached(prompt.ids)
         if todo <= limit:
             return prompt
@@ -341,8 +345,7 @@ class Completer:
             path=req.path,
             others=others,
             budget=budget,
-            # a remote backend (lsp/backend.py) cannot constrain tokens: no healing there
-            heal=getattr(self.engine, "heal", None) if s.token_healing else None,
+            heal=self.engine.heal if s.token_healing else None,
         )
 
     def _cut_at_stop(self, delta: Any, stop_ids: frozenset[int]) -> tuple[str, bool]:

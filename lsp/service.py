@@ -6,13 +6,15 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+from collections.abc import Sequence
 from typing import Any, cast
 
-from specd import Engine, SamplingParams
+from specd import Completion, Constraint, ContextLimits, SamplingParams
 
 from . import config
 from .completer import Completer
 from .config import Settings
+from .engines import CacheCounters, Cancel, CompletionEngine, GenerationStream
 from .metrics import Metrics
 from .scheduler import Worker
 
@@ -20,18 +22,84 @@ log = logging.getLogger(__name__)
 
 
 class WhenLoaded:
-    """Stands in for the service's engine or completer while the model loads: reading an
-    attribute waits for the load, then reads it from the real object. So a session can be
-    built and ``initialize`` answered before the model is there, and whatever a session
-    keeps from the start works once it is."""
+    """The service's engine while the model loads (a
+    :class:`~.engines.CompletionEngine`): each member waits for the load, then is the
+    loaded engine's. So a session can be built and ``initialize`` answered before the model
+    is there, and whatever a session keeps from the start works once it is.
 
-    def __init__(self, service: Service, attribute: str) -> None:
+    :raises RuntimeError: from any member, when the model failed to load.
+    """
+
+    def __init__(self, service: Service) -> None:
         self._service = service
-        self._attribute = attribute
+
+    def _loaded(self) -> CompletionEngine:
+        self._service.wait_loaded()
+        engine = self._service._engine
+        assert engine is not None  # wait_loaded raised otherwise
+        return engine
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._loaded().tokenizer
+
+    @property
+    def limits(self) -> ContextLimits:
+        return self._loaded().limits
+
+    @property
+    def prefix_cache(self) -> CacheCounters | None:
+        return self._loaded().prefix_cache
+
+    def tokenize(self, text: str) -> list[int]:
+        return self._loaded().tokenize(text)
+
+    def heal(self, prompt: Sequence[int]) -> tuple[list[int], Constraint | None]:
+        return self._loaded().heal(prompt)
+
+    def cached_tokens(self, prompt: Sequence[int]) -> int:
+        return self._loaded().cached_tokens(prompt)
+
+    def warm(
+        self, prompt: str | Sequence[int], cancel: Cancel = None, *, request: bool = False
+    ) -> tuple[int, int]:
+        return self._loaded().warm(prompt, cancel, request=request)
+
+    def stream(
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams | None = None,
+        *,
+        cancel: Cancel = None,
+        time_budget_s: float | None = None,
+        corpus: Any = None,
+        constraint: Constraint | None = None,
+    ) -> GenerationStream:
+        return self._loaded().stream(
+            prompt,
+            params,
+            cancel=cancel,
+            time_budget_s=time_budget_s,
+            corpus=corpus,
+            constraint=constraint,
+        )
+
+    def generate(
+        self, prompt: str | Sequence[int], params: SamplingParams | None = None, **kw: Any
+    ) -> Completion:
+        return self._loaded().generate(prompt, params, **kw)
+
+
+class _CompleterWhenLoaded:
+    """The completion pipeline while the model loads: reading an attribute waits for the
+    load (a session may keep the pipeline from the start: its calls run on the worker)."""
+
+    def __init__(self, service: Service) -> None:
+        self._service = service
 
     def __getattr__(self, name: str) -> Any:
         self._service.wait_loaded()
-        return getattr(getattr(self._service, self._attribute), name)
+        return getattr(self._service._completer, name)
 
 
 class Service:
@@ -45,7 +113,7 @@ class Service:
 
     def __init__(
         self,
-        engine: Engine | None,
+        engine: CompletionEngine | None,
         params: SamplingParams | None = None,
         *,
         settings: Settings | None = None,
@@ -53,7 +121,7 @@ class Service:
     ) -> None:
         self.metrics = Metrics()
         self.params = params
-        self._engine: Engine | None = None
+        self._engine: CompletionEngine | None = None
         self._completer: Completer | None = None
         self._loaded = threading.Event()
         self._load_error: BaseException | None = None
@@ -71,7 +139,7 @@ class Service:
 
     # -- the model, loaded behind the first messages ---------------------------------------
 
-    def attach(self, engine: Engine) -> None:
+    def attach(self, engine: CompletionEngine) -> None:
         """The engine is loaded: requests waiting for it go ahead."""
         self._completer = Completer(engine, self.params, self.metrics)
         self._engine = engine
@@ -92,11 +160,11 @@ class Service:
         return not self._loaded.is_set()
 
     @property
-    def engine(self) -> Engine:
+    def engine(self) -> CompletionEngine:
         """The engine; while it loads, a stand-in whose attributes wait for it."""
         if self._engine is not None:
             return self._engine
-        return cast(Engine, WhenLoaded(self, "_engine"))
+        return WhenLoaded(self)
 
     @property
     def completer(self) -> Completer:
@@ -104,7 +172,7 @@ class Service:
         for it (a session may keep it from the start: its calls run on the worker)."""
         if self._completer is not None:
             return self._completer
-        return cast(Completer, WhenLoaded(self, "_completer"))
+        return cast(Completer, _CompleterWhenLoaded(self))
 
     def wait_loaded(self) -> None:
         """Wait for the engine. :raises RuntimeError: the model failed to load."""

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from specd import ContextLengthExceeded, Engine
+from specd import ContextLengthExceeded
 
 from .. import prompting
 from ..config import Settings, prefix_tokens
 from ..documents import Cursor
+from ..engines import CompletionEngine
 
 #: Tokens a prompt takes besides its budgets: the template's markers, BOS, the current
 #: file's header.
@@ -22,15 +23,14 @@ MIN_PROMPT_TOKENS = prompting.CUT_STEP
 class Prompter:
     """Builds prompts with the engine's tokenizer and the template the settings choose."""
 
-    def __init__(self, engine: Engine, settings: Settings) -> None:
+    def __init__(self, engine: CompletionEngine, settings: Settings) -> None:
         self.settings = settings
         self.vocab = prompting.Vocabulary(engine.tokenize, engine.tokenizer)
         self.template = prompting.choose_template(self.vocab, settings.fim)
         # token healing, as for LSP clients: a prompt ending mid-token (an indent's
         # spaces, half a name) is backed up to a token boundary and the cut text written
         # again first (llama.vim's ``prompt`` is the cursor line, often just its indent)
-        heal = getattr(engine, "heal", None)
-        self.heal = heal if settings.token_healing else None
+        self.heal = engine.heal if settings.token_healing else None
 
     @property
     def fim(self) -> bool:

@@ -164,6 +164,9 @@ class ScriptedEngine:
     def tokenize(self, text: str) -> list[int]:
         return [ord(c) % 97 for c in text]
 
+    def heal(self, prompt) -> tuple[list[int], None]:
+        return list(prompt), None  # no token healing
+
     def warm(self, prompt, cancel=None, **_) -> tuple[int, int]:
         time.sleep(self.prefill_s)
         return 0, len(prompt) - 1
