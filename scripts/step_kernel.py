@@ -1,11 +1,14 @@
 """specd's step kernel against the eager lean forward, pass by pass, alternating in one
 process: the median seconds of a forward of T tokens (a chain, as a verify pass feeds) on
-top of a cached context, for each T, and the kernel's passes over its one-token step.
+top of a cached context, for each T and each build of the kernel asked for, and each
+build's passes over its one-token step.
 
     python scripts/step_kernel.py --threads 2 --context 1024
+    python scripts/step_kernel.py --isa avx512,avx2 --widths 1,8
 
 The eager side runs as `specd bench --packed-weights on` runs it (prepacked weights for
-every pass); the kernel is the `kernel` compile backend (specd/forward/csrc/decode_step.cpp).
+every pass); the kernel is the `kernel` compile backend (specd/forward/csrc/decode_step.cpp),
+built for each instruction set in turn (the builds this CPU runs: cpu_kernels.runnable_isas).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import torch
 
 from specd import Engine, allocator
 from specd.bench import floor
+from specd.forward import cpu_kernels
 
 
 def main() -> None:
@@ -24,6 +28,7 @@ def main() -> None:
     p.add_argument("--model", default=None)
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--widths", default="1,2,4,8,16")
+    p.add_argument("--isa", default=None, help="builds to compare, e.g. avx512,avx2")
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--repeats", type=int, default=6)
     p.add_argument("--threads", type=int, default=2)
@@ -37,23 +42,39 @@ def main() -> None:
     step = target.compiled
     if step is None or not step.ready or step.backend != "kernel":
         raise SystemExit(f"the step kernel is not in use here: {step and step.reason}")
+    isas = args.isa.split(",") if args.isa else [cpu_kernels.isa()]
+    for name in isas:
+        try:
+            cpu_kernels.use(name)
+        except (ValueError, RuntimeError) as e:
+            raise SystemExit(f"--isa {name}: {e}") from None
     widths = [int(w) for w in args.widths.split(",")]
     prepared = floor.prepare(target, args.context)
-    times: dict[tuple[int, bool], list[float]] = {}
+    times: dict[tuple[int, str], list[float]] = {}
     for _ in range(args.rounds):
         for t in widths:
-            for eager in (False, True):
+            for side in (*isas, "eager"):
+                if side != "eager":
+                    cpu_kernels.use(side)
                 runs = floor.decode_step_times(
-                    target, args.context, args.repeats, prepared=prepared, tokens=t, eager=eager
-                )
-                times.setdefault((t, eager), []).append(statistics.median(runs))
-    one = statistics.median(times[(widths[0], False)])
+                    target, args.context, args.repeats, prepared=prepared, tokens=t,
+                    eager=side == "eager",
+                )  # fmt: skip
+                times.setdefault((t, side), []).append(statistics.median(runs))
+    ms = {key: statistics.median(v) * 1e3 for key, v in times.items()}
     print(f"{args.context} cached tokens, {args.threads} threads, medians of {args.rounds} rounds")
-    print("| tokens | kernel ms | eager ms | eager / kernel | kernel / its one-token step |")
-    print("|---:|---:|---:|---:|---:|")
+    print(
+        "| tokens | "
+        + " | ".join(f"{k} ms | eager / {k} | {k} / its 1-token step" for k in isas)
+        + " | eager ms |"
+    )
+    print("|---:|" + "---:|---:|---:|" * len(isas) + "---:|")
     for t in widths:
-        k, e = (statistics.median(times[(t, eager)]) for eager in (False, True))
-        print(f"| {t} | {k * 1e3:.2f} | {e * 1e3:.2f} | {e / k:.2f} | {k / one:.2f} |")
+        cells = [
+            f"{ms[t, k]:.2f} | {ms[t, 'eager'] / ms[t, k]:.2f} | {ms[t, k] / ms[widths[0], k]:.2f}"
+            for k in isas
+        ]
+        print(f"| {t} | " + " | ".join(cells) + f" | {ms[t, 'eager']:.2f} |")
 
 
 if __name__ == "__main__":

@@ -1,76 +1,116 @@
-"""Kernels written for x86-64 CPUs with AVX-512, built on first use with the machine's C++
-compiler into one library (``specd/csrc/``).
+"""specd's CPU kernels from Python: written once over a 16-float vector layer
+(``csrc/vec.h``), built on first use for the best instruction set this CPU runs (AVX-512,
+AVX2 + FMA or ARM64 NEON; :mod:`specd.forward.kernel_build`) and loaded here.
 
-**Attention** (``attention.cpp``, :func:`attention`). The lean forward
-(:mod:`specd.fastpath`) calls it for passes of at least :data:`MIN_TOKENS` new tokens over a
-float32 cache with 64-dimensional heads: a prefill, from an empty cache or a chunk on top
-of one (a tree mask is taken too). On a 2-vCPU AMD EPYC it ran the causal attention of a
-1,024-token prompt (9 query heads, 3 key/value heads) in 6.2 ms a layer where PyTorch's CPU
-flash kernel took 12.4 ms (``scripts/attention_kernel.py``). Its outputs differ from
-``scaled_dot_product_attention``'s by float32 rounding (the order of the sums), as two such
-kernels do; greedy output stayed token-identical to plain decoding in every benchmark run
-(docs/benchmarks.md).
+**Attention** (``csrc/attention.cpp``, :func:`attention`). The lean forward
+(:mod:`specd.forward.fastpath`) calls it for passes of at least :data:`MIN_TOKENS` new
+tokens over a float32 cache with 64-dimensional heads: a prefill, from an empty cache or a
+chunk on top of one (a tree mask is taken too). On a 2-vCPU AMD EPYC (AVX-512) it ran the
+causal attention of a 1,024-token prompt (9 query heads, 3 key/value heads) in 6.2 ms a
+layer where PyTorch's CPU flash kernel took 12.4 ms (``scripts/attention_kernel.py``). Its
+outputs differ from ``scaled_dot_product_attention``'s by float32 rounding (the order of the
+sums), as two such kernels do; greedy output stayed token-identical to plain decoding in
+every benchmark run (docs/benchmarks.md).
 
-**The step** (``decode_step.cpp``, :class:`specd.decode_step.DecodeStep`). A whole decode or verify pass of
-1-:data:`STEP_TOKENS` new tokens of a Llama-style decoder in one call: the compiled step's
-``kernel`` backend (:mod:`specd.compiled`). On the same EPYC a one-token step at 1,024
-cached tokens took ~15 ms against ~34 eager, an 8-token pass ~22 against ~41
-(``scripts/step_kernel.py``).
+**The step** (``csrc/decode_step.cpp``, :class:`specd.forward.decode_step.DecodeStep`, through
+:func:`step_function`, :func:`step_work_floats` and :func:`buffer`). A whole decode or
+verify pass of 1-:data:`STEP_TOKENS` new tokens of a Llama-style decoder in one call: the
+compiled step's ``kernel`` backend (:mod:`specd.forward.compiled`). On the same EPYC a
+one-token step at 1,024 cached tokens took ~15 ms against ~34 eager, an 8-token pass ~22
+against ~41 (``scripts/step_kernel.py``); docs/kernels.md has the other builds' figures.
 
-Built once per machine into the cache directory (:func:`specd.models.cache_dir`), keyed by
-the sources, the compiler and its flags; where there is no compiler, no AVX-512, or the
-build fails, the reason is logged once and everything runs through PyTorch as before.
-``SPECD_CPU_KERNELS=off`` turns both off.
+:func:`isa` names the build in use (``"none"`` where there is none). Where no build runs
+(no compiler, a CPU without a vector build, a failed build) the reason is logged once, kept
+in :data:`reason`, and everything runs through PyTorch as before. ``SPECD_CPU_KERNELS=off``
+turns the kernels off; ``SPECD_KERNEL_ISA=avx512|avx2|neon|scalar`` asks for one build.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from . import kernel_build
+from .kernel_build import ISAS, OFF, Unavailable
+
+__all__ = [
+    "HEAD_DIM", "ISAS", "MIN_TOKENS", "OFF", "STEP_TOKENS", "attention", "available", "buffer",
+    "isa", "reason", "runnable_isas", "step_function", "step_work_floats", "supports", "use",
+]  # fmt: skip
+
 log = logging.getLogger(__name__)
 
-CSRC = Path(__file__).with_name("csrc")
-#: The kernels' sources, built into one library; the header is part of the build's key.
-SOURCES = (CSRC / "attention.cpp", CSRC / "decode_step.cpp")
-HEADERS = (CSRC / "vec.h",)
-#: The instruction sets the kernel is written for (what PyTorch calls ``AVX512``).
-ISA_FLAGS = ("-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mfma")
-FLAGS = ("-O3", "-std=c++17", "-fopenmp", "-shared", "-fPIC", *ISA_FLAGS)
 #: The head size the kernel is written for.
 HEAD_DIM = 64
 #: The fewest new tokens a pass hands the kernel. Each call transposes the whole cache's
 #: keys once, which a prefill chunk repays many times over; with verify passes of 2-9
 #: tokens through it too, editor requests spent 14-20% longer verifying (docs/benchmarks.md).
 MIN_TOKENS = 16
-#: ``SPECD_CPU_KERNELS`` values that turn the kernels off.
-OFF = ("0", "off", "false", "no")
+#: The most new tokens the step kernel takes (:class:`specd.forward.decode_step.DecodeStep`).
+STEP_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class _Library:
+    """One build of the kernels, loaded: its instruction set and its entry points."""
+
+    isa: str
+    attention: Any
+    step: Any
+    step_work: Any
+
 
 _lock = threading.Lock()
-_fn: ctypes._CFuncPtr | None = None  # type: ignore[name-defined]
-_step_fn: ctypes._CFuncPtr | None = None  # type: ignore[name-defined]
-_step_work: ctypes._CFuncPtr | None = None  # type: ignore[name-defined]
+_current: _Library | None = None
+_loaded: dict[str, _Library] = {}  # every build loaded in this process, by instruction set
 _tried = False
-#: why the kernel is not in use ("" when it is, or before the first try)
+#: why the kernels are not in use ("" when they are, or before the first try)
 reason = ""
 
 
 def available() -> bool:
-    """Whether the attention kernel is built and loaded (building it on the first call)."""
+    """Whether the kernels are built and loaded (building them on the first call)."""
     if not _tried:
         _load()
-    return _fn is not None
+    return _current is not None
+
+
+def isa() -> str:
+    """The instruction set of the kernels in use (``avx512``, ``avx2``, ``neon``,
+    ``scalar``), or ``"none"`` where they are not (building them on the first call)."""
+    return _current.isa if available() and _current is not None else "none"
+
+
+def runnable_isas() -> tuple[str, ...]:
+    """The builds this CPU can run, best first; ``scalar`` (plain C++) runs anywhere."""
+    return kernel_build.runnable()
+
+
+def use(name: str) -> None:
+    """Run the kernels built for ``name`` from now on, in this process (tests and
+    benchmarks that compare the builds).
+
+    :raises ValueError: not one of :data:`ISAS`; RuntimeError: this CPU cannot run it, or
+        it does not build here.
+    """
+    global _current, _tried, reason
+    if name not in ISAS:
+        raise ValueError(f"unknown instruction set {name!r}; one of {', '.join(ISAS)}")
+    if name not in kernel_build.runnable():
+        raise RuntimeError(f"this CPU ({kernel_build.host()}) cannot run the {name} kernels")
+    with _lock:
+        try:
+            lib = _loaded.get(name) or _open(kernel_build.build(name))
+        except Unavailable as e:
+            raise RuntimeError(str(e)) from e
+        _loaded[name] = lib
+        _current, _tried, reason = lib, True, ""
 
 
 def supports(tokens: int, dtype: torch.dtype, device: torch.device, head_dim: int) -> bool:
@@ -101,8 +141,7 @@ def attention(
         projection reads it without a copy).
     :raises ValueError: shapes, dtypes or strides the kernel does not take.
     """
-    if _fn is None and not available():
-        raise RuntimeError(f"the CPU attention kernel is not available: {reason}")
+    lib = _library()
     batch, hq, t, d = q.shape
     kv, span = keys.shape[1], keys.shape[2]
     past = span - t
@@ -123,9 +162,8 @@ def attention(
         tree = tree.to(torch.bool).contiguous()
     out = q.new_empty(1, t, hq, d)
     ld = -(-span // 64) * 64
-    scratch = _scratch(kv * d * ld)
-    assert _fn is not None
-    _fn(
+    scratch = buffer("attention", kv * d * ld)  # the transposed keys
+    lib.attention(
         q.data_ptr(), q.stride(1), q.stride(2),
         keys.data_ptr(), keys.stride(1), keys.stride(2),
         values.data_ptr(), values.stride(1), values.stride(2),
@@ -136,16 +174,35 @@ def attention(
     return out.transpose(1, 2)
 
 
-#: The most new tokens the step kernel takes (:class:`specd.decode_step.DecodeStep`).
-STEP_TOKENS = 16
+def step_function() -> Any:
+    """The step kernel, ``specd_decode_step`` of ``csrc/decode_step.cpp`` (its arguments
+    are listed there), as a ctypes function.
+
+    :raises RuntimeError: the kernels are not available here, saying why.
+    """
+    return _library().step
+
+
+def step_work_floats(
+    hidden: int, inter: int, heads: int, kv_heads: int, head_dim: int, tokens: int, past: int,
+    threads: int,
+) -> int:  # fmt: skip
+    """Floats of the work buffer the step kernel needs for a pass of ``tokens`` new tokens
+    over ``past`` cached ones on ``threads`` threads.
+
+    :raises RuntimeError: the kernels are not available here, saying why.
+    """
+    return int(
+        _library().step_work(hidden, inter, heads, kv_heads, head_dim, tokens, past, threads)
+    )
 
 
 _local = threading.local()
 
 
-def _buffer(name: str, n: int) -> torch.Tensor:
-    """This thread's buffer ``name``, grown to ``n`` floats and kept: a fresh one per call
-    (hundreds of KB at 1k tokens) would be fresh pages to fault in each time."""
+def buffer(name: str, n: int) -> torch.Tensor:
+    """This thread's float32 buffer ``name``, at least ``n`` floats, grown and kept: a fresh
+    one per call (hundreds of KB at 1k tokens) would be fresh pages to fault in each time."""
     buf = getattr(_local, name, None)
     if buf is None or buf.numel() < n:
         buf = torch.empty(n, dtype=torch.float32)
@@ -153,94 +210,36 @@ def _buffer(name: str, n: int) -> torch.Tensor:
     return buf
 
 
-def _scratch(n: int) -> torch.Tensor:
-    """This thread's buffer for the attention kernel's transposed keys."""
-    return _buffer("buf", n)
+def _library() -> _Library:
+    if not available() or _current is None:
+        raise RuntimeError(f"the CPU kernels are not available: {reason}")
+    return _current
 
 
-# -- building ---------------------------------------------------------------------------------
+# -- loading ----------------------------------------------------------------------------------
 
 
 def _load() -> None:
-    global _fn, _step_fn, _step_work, _tried, reason
+    global _current, _tried, reason
     with _lock:
         if _tried:
             return
         try:
-            _fn, _step_fn, _step_work = _open(_build())
+            name = kernel_build.choose()
+            _current = _loaded.get(name) or _open(kernel_build.build(name))
+            _loaded[name] = _current
             reason = ""
-            log.info("CPU attention kernel in use")
-        except _Unavailable as e:
+            log.info("CPU kernels in use (%s)", name)
+        except Unavailable as e:
             reason = str(e)
-            log.info("CPU attention kernel off: %s", reason)
+            log.info("CPU kernels off, running through PyTorch: %s", reason)
         except Exception as e:  # a compiler or loader failure of any kind
             reason = f"{type(e).__name__}: {e}"
-            log.warning("CPU attention kernel off, attention runs through PyTorch: %s", reason)
+            log.warning("CPU kernels off, running through PyTorch: %s", reason)
         _tried = True
 
 
-class _Unavailable(Exception):
-    """This machine or setting does not use the kernel (not an error)."""
-
-
-def _compiler() -> str:
-    named = os.environ.get("CXX")
-    if named:
-        found = shutil.which(named)
-        if not found:
-            raise _Unavailable(f"the C++ compiler CXX={named!r} was not found")
-        return found
-    cxx = shutil.which("c++") or shutil.which("g++")
-    if not cxx:
-        raise _Unavailable("no C++ compiler (install g++, or set CXX)")
-    return cxx
-
-
-def _build() -> Path:
-    if os.environ.get("SPECD_CPU_KERNELS", "").strip().lower() in OFF:
-        raise _Unavailable("turned off by SPECD_CPU_KERNELS")
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        raise _Unavailable(f"written for x86-64, this is {platform.machine()}")
-    if not torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
-        raise _Unavailable(
-            f"needs AVX-512, this CPU offers {torch.backends.cpu.get_cpu_capability()}"
-        )
-    cxx = _compiler()
-    version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30)
-    key = hashlib.sha256()
-    for part in (
-        *(f.read_bytes() for f in (*SOURCES, *HEADERS)),
-        " ".join(FLAGS).encode(),
-        cxx.encode(),
-        version.stdout.encode(),
-    ):
-        key.update(part)
-    from ..paths import cache_dir
-
-    where = cache_dir() / "kernels"
-    lib = where / f"kernels-{key.hexdigest()[:16]}.so"
-    if lib.exists():
-        return lib
-    where.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=where)
-    os.close(fd)
-    try:
-        done = subprocess.run(
-            [cxx, *FLAGS, *map(str, SOURCES), "-o", tmp],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        if done.returncode != 0:
-            raise RuntimeError(f"{cxx} failed: {done.stderr.strip()[-2000:]}")
-        os.replace(tmp, lib)  # atomic: another process building it at once is harmless
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return lib
-
-
-def _open(lib: Path) -> tuple[Any, Any, Any]:
+def _open(lib: Path) -> _Library:
     # Loaded after torch, the library's OpenMP runtime is torch's own (same soname), so the
     # kernel's threads are the ones torch's operators use.
     dll = ctypes.CDLL(str(lib))
@@ -275,11 +274,14 @@ def _open(lib: Path) -> tuple[Any, Any, Any]:
     work.restype = i64
     if dll.specd_decode_step_max_tokens() != STEP_TOKENS:
         raise RuntimeError(f"{lib} was built for another step size")
-    return fn, step, work
+    dll.specd_kernel_isa.restype = ctypes.c_char_p
+    return _Library(dll.specd_kernel_isa().decode(), fn, step, work)
 
 
 def _reset() -> None:
-    """Forget the loaded kernels, so the next call tries again (tests)."""
-    global _fn, _step_fn, _step_work, _tried, reason
+    """Forget the kernels' choice and every loaded build, so the next call chooses, builds
+    and loads again (tests)."""
+    global _current, _tried, reason
     with _lock:
-        _fn, _step_fn, _step_work, _tried, reason = None, None, None, False, ""
+        _current, _tried, reason = None, False, ""
+        _loaded.clear()

@@ -153,10 +153,9 @@ class DecodeStep:
         table = torch.tensor(cache, dtype=torch.int64)
         x = self._embed_rows[ids]  # [T, H]
         threads = torch.get_num_threads()
-        step, step_work = cpu_kernels._step_fn, cpu_kernels._step_work
-        assert step is not None and step_work is not None
+        step = cpu_kernels.step_function()
         sizes = (self.hidden, self.inter, self.heads, self.kv_heads, d)
-        work = cpu_kernels._buffer("step", step_work(*sizes, t, past, threads))
+        work = cpu_kernels.buffer("step", cpu_kernels.step_work_floats(*sizes, t, past, threads))
         logits = torch.empty(t, self.vocab, dtype=torch.float32)
         hidden = torch.empty(t, self.hidden, dtype=torch.float32)
         step(

@@ -1,5 +1,6 @@
-// Attention of a few to a few thousand new queries over a KV cache, float32, on x86-64 CPUs
-// with AVX-512 (specd/cpu_kernels.py builds and loads it).
+// Attention of a few to a few thousand new queries over a KV cache, float32, written once
+// over vec.h's 16-float vectors and built per instruction set (specd/forward/cpu_kernels.py
+// builds and loads it).
 //
 // Flash-attention order: each task takes one query head and a block of up to BQ queries,
 // walks the keys it may see in blocks of BK with an online softmax, and writes its rows
@@ -20,10 +21,13 @@
 
 namespace {
 
+using namespace specd;
+
 constexpr int BQ = 64;  // queries per task
 constexpr int BK = 64;  // keys per block: four vectors of 16
 constexpr int D = 64;   // head dimension
-constexpr int RM = 4;   // query rows per register tile
+constexpr int RM = TILE_ROWS;  // query rows per register tile
+constexpr int CV = TILE_VECS;  // vectors of 16 keys (or value columns) per register tile
 
 // Bits [lo, hi) set, 0 <= lo <= hi <= 64.
 inline uint64_t bits(int64_t lo, int64_t hi) {
@@ -56,10 +60,7 @@ inline uint64_t visible(const Args& a, int64_t i, int64_t j0, int64_t nk) {
         const int64_t e = a.past + i + 1 < hi ? a.past + i + 1 : hi;
         return vis | bits(s - j0, e - j0);
     }
-    const int64_t n = hi - s;  // new keys in the block, at most 64
-    const __mmask64 load = n >= 64 ? ~0ull : ((1ull << n) - 1);
-    const __m512i row = _mm512_maskz_loadu_epi8(load, a.tree + i * a.T + (s - a.past));
-    const uint64_t seen = _mm512_test_epi8_mask(row, row);
+    const uint64_t seen = nonzero_bits(a.tree + i * a.T + (s - a.past), hi - s);  // <= 64 keys
     return vis | (seen << (s - j0));
 }
 
@@ -72,12 +73,12 @@ void task(const Args& a, int64_t h, int64_t i0, int64_t i1) {
     const float* q = a.q + h * a.q_h;
     const float* kt = a.kt + (h / a.rep) * D * a.ldkt;
     const float* v = a.v + (h / a.rep) * a.v_h;
-    const __m512 scale = _mm512_set1_ps(a.scale);
+    const V16 scale = vset1(a.scale);
     for (int64_t r = 0; r < BQ; r++) {
         for (int d = 0; d < D; d += 16) {
-            const __m512 x = r < rows ? _mm512_loadu_ps(q + (i0 + r) * a.q_t + d) : _mm512_setzero_ps();
-            _mm512_store_ps(&Q[r][d], _mm512_mul_ps(x, scale));
-            _mm512_store_ps(&O[r][d], _mm512_setzero_ps());
+            const V16 x = r < rows ? vload(q + (i0 + r) * a.q_t + d) : vzero();
+            vstore(&Q[r][d], vmul(x, scale));
+            vstore(&O[r][d], vzero());
         }
         m[r] = -INFINITY;
         l[r] = 0.0f;
@@ -86,27 +87,24 @@ void task(const Args& a, int64_t h, int64_t i0, int64_t i1) {
     const int64_t tiles = (rows + RM - 1) / RM * RM;
     for (int64_t j0 = 0; j0 < end; j0 += BK) {
         const int64_t nk = end - j0 < BK ? end - j0 : BK;
-        // scores of RM rows by 64 keys at a time, in registers
+        // scores of RM rows by 16 * CV keys at a time, in registers
         for (int64_t r0 = 0; r0 < tiles; r0 += RM) {
-            __m512 acc[RM][4];
-            for (int i = 0; i < RM; i++)
-                for (int c = 0; c < 4; c++) acc[i][c] = _mm512_setzero_ps();
-            const float* kp = kt + j0;
-            for (int d = 0; d < D; d++) {
-                const __m512 k0 = _mm512_loadu_ps(kp + d * a.ldkt);
-                const __m512 k1 = _mm512_loadu_ps(kp + d * a.ldkt + 16);
-                const __m512 k2 = _mm512_loadu_ps(kp + d * a.ldkt + 32);
-                const __m512 k3 = _mm512_loadu_ps(kp + d * a.ldkt + 48);
-                for (int i = 0; i < RM; i++) {
-                    const __m512 b = _mm512_set1_ps(Q[r0 + i][d]);
-                    acc[i][0] = _mm512_fmadd_ps(b, k0, acc[i][0]);
-                    acc[i][1] = _mm512_fmadd_ps(b, k1, acc[i][1]);
-                    acc[i][2] = _mm512_fmadd_ps(b, k2, acc[i][2]);
-                    acc[i][3] = _mm512_fmadd_ps(b, k3, acc[i][3]);
+            for (int c0 = 0; c0 < 4; c0 += CV) {
+                V16 acc[RM][CV];
+                for (int i = 0; i < RM; i++)
+                    for (int c = 0; c < CV; c++) acc[i][c] = vzero();
+                const float* kp = kt + j0 + 16 * c0;
+                for (int d = 0; d < D; d++) {
+                    V16 k[CV];
+                    for (int c = 0; c < CV; c++) k[c] = vload(kp + d * a.ldkt + 16 * c);
+                    for (int i = 0; i < RM; i++) {
+                        const V16 b = vset1(Q[r0 + i][d]);
+                        for (int c = 0; c < CV; c++) acc[i][c] = vfma(b, k[c], acc[i][c]);
+                    }
                 }
+                for (int i = 0; i < RM; i++)
+                    for (int c = 0; c < CV; c++) vstore(&P[r0 + i][(c0 + c) * 16], acc[i][c]);
             }
-            for (int i = 0; i < RM; i++)
-                for (int c = 0; c < 4; c++) _mm512_store_ps(&P[r0 + i][c * 16], acc[i][c]);
         }
         // online softmax: scores become probabilities, earlier sums and outputs rescale
         for (int64_t r = 0; r < rows; r++) {
@@ -115,59 +113,56 @@ void task(const Args& a, int64_t h, int64_t i0, int64_t i1) {
                 memset(P[r], 0, sizeof(P[r]));
                 continue;
             }
-            __m512 s[4];
-            __m512 top = _mm512_set1_ps(-INFINITY);
+            V16 s[4];
+            V16 top = vset1(-INFINITY);
             for (int c = 0; c < 4; c++) {
-                const __mmask16 mk = (__mmask16)(vis >> (16 * c));
-                s[c] = _mm512_mask_blend_ps(mk, _mm512_set1_ps(-INFINITY), _mm512_load_ps(&P[r][c * 16]));
-                top = _mm512_max_ps(top, s[c]);
+                const unsigned mk = (unsigned)(vis >> (16 * c)) & 0xFFFFu;
+                s[c] = vselect(mk, vload(&P[r][c * 16]), vset1(-INFINITY));
+                top = vmax(top, s[c]);
             }
-            const float block_max = _mm512_reduce_max_ps(top);
+            const float block_max = vhmax(top);
             const float mx = block_max > m[r] ? block_max : m[r];
             const float alpha = expf(m[r] - mx);  // 0 for the first block a row sees
-            const __m512 mxv = _mm512_set1_ps(mx);
-            __m512 sum = _mm512_setzero_ps();
+            const V16 mxv = vset1(mx);
+            V16 sum = vzero();
             for (int c = 0; c < 4; c++) {
-                const __mmask16 mk = (__mmask16)(vis >> (16 * c));
-                const __m512 p = _mm512_maskz_mov_ps(mk, specd::exp16(_mm512_sub_ps(s[c], mxv)));
-                sum = _mm512_add_ps(sum, p);
-                _mm512_store_ps(&P[r][c * 16], p);
+                const unsigned mk = (unsigned)(vis >> (16 * c)) & 0xFFFFu;
+                const V16 p = vselect(mk, vexp(vsub(s[c], mxv)), vzero());
+                sum = vadd(sum, p);
+                vstore(&P[r][c * 16], p);
             }
-            l[r] = l[r] * alpha + _mm512_reduce_add_ps(sum);
+            l[r] = l[r] * alpha + vhsum(sum);
             m[r] = mx;
             if (alpha != 1.0f) {
-                const __m512 av = _mm512_set1_ps(alpha);
-                for (int d = 0; d < D; d += 16)
-                    _mm512_store_ps(&O[r][d], _mm512_mul_ps(_mm512_load_ps(&O[r][d]), av));
+                const V16 av = vset1(alpha);
+                for (int d = 0; d < D; d += 16) vstore(&O[r][d], vmul(vload(&O[r][d]), av));
             }
         }
         for (int64_t r = rows; r < tiles; r++) memset(P[r], 0, sizeof(P[r]));
-        // outputs += probabilities x values, RM rows at a time
+        // outputs += probabilities x values, RM rows by 16 * CV columns at a time
         for (int64_t r0 = 0; r0 < tiles; r0 += RM) {
-            __m512 acc[RM][4];
-            for (int i = 0; i < RM; i++)
-                for (int c = 0; c < 4; c++) acc[i][c] = _mm512_load_ps(&O[r0 + i][c * 16]);
-            for (int64_t n = 0; n < nk; n++) {
-                const float* vp = v + (j0 + n) * a.v_s;
-                const __m512 v0 = _mm512_loadu_ps(vp), v1 = _mm512_loadu_ps(vp + 16);
-                const __m512 v2 = _mm512_loadu_ps(vp + 32), v3 = _mm512_loadu_ps(vp + 48);
-                for (int i = 0; i < RM; i++) {
-                    const __m512 b = _mm512_set1_ps(P[r0 + i][n]);
-                    acc[i][0] = _mm512_fmadd_ps(b, v0, acc[i][0]);
-                    acc[i][1] = _mm512_fmadd_ps(b, v1, acc[i][1]);
-                    acc[i][2] = _mm512_fmadd_ps(b, v2, acc[i][2]);
-                    acc[i][3] = _mm512_fmadd_ps(b, v3, acc[i][3]);
+            for (int c0 = 0; c0 < 4; c0 += CV) {
+                V16 acc[RM][CV];
+                for (int i = 0; i < RM; i++)
+                    for (int c = 0; c < CV; c++) acc[i][c] = vload(&O[r0 + i][(c0 + c) * 16]);
+                for (int64_t n = 0; n < nk; n++) {
+                    const float* vp = v + (j0 + n) * a.v_s + 16 * c0;
+                    V16 vv[CV];
+                    for (int c = 0; c < CV; c++) vv[c] = vload(vp + 16 * c);
+                    for (int i = 0; i < RM; i++) {
+                        const V16 b = vset1(P[r0 + i][n]);
+                        for (int c = 0; c < CV; c++) acc[i][c] = vfma(b, vv[c], acc[i][c]);
+                    }
                 }
+                for (int i = 0; i < RM; i++)
+                    for (int c = 0; c < CV; c++) vstore(&O[r0 + i][(c0 + c) * 16], acc[i][c]);
             }
-            for (int i = 0; i < RM; i++)
-                for (int c = 0; c < 4; c++) _mm512_store_ps(&O[r0 + i][c * 16], acc[i][c]);
         }
     }
     float* out = a.out + h * a.o_h;
     for (int64_t r = 0; r < rows; r++) {
-        const __m512 inv = _mm512_set1_ps(l[r] > 0.0f ? 1.0f / l[r] : 0.0f);  // no key: zeros
-        for (int d = 0; d < D; d += 16)
-            _mm512_storeu_ps(out + (i0 + r) * a.o_t + d, _mm512_mul_ps(_mm512_load_ps(&O[r][d]), inv));
+        const V16 inv = vset1(l[r] > 0.0f ? 1.0f / l[r] : 0.0f);  // no key: zeros
+        for (int d = 0; d < D; d += 16) vstore(out + (i0 + r) * a.o_t + d, vmul(vload(&O[r][d]), inv));
     }
 }
 

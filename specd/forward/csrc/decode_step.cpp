@@ -1,5 +1,6 @@
 // A decode or verify step of a Llama-style decoder (a few new tokens over a KV cache),
-// float32, on x86-64 CPUs with AVX-512 (specd/cpu_kernels.py builds and loads it).
+// float32, written once over vec.h's 16-float vectors and built per instruction set
+// (specd/forward/cpu_kernels.py builds and loads it).
 //
 // A step of a few tokens reads every weight once and does little else, so it runs at the
 // speed the weights stream from memory. The whole step is one parallel region: each
@@ -30,6 +31,8 @@
 
 namespace {
 
+using namespace specd;
+
 // Pointers of one layer's weights, in this order (biases may be null).
 enum { LN1, WQ, BQ, WK, BK, WV, BV, WO, BO, LN2, WG, WU, WD, PER_LAYER };
 
@@ -39,40 +42,37 @@ constexpr int64_t MAX_T = 16;  // new tokens a step takes
 template <int R, int NT>
 inline void block(const float* W, int64_t K, const float* x, int64_t ldx, int64_t r0, float* y,
                   int64_t ldy) {
-    __m512 acc[R][NT];
+    V16 acc[R][NT];
     for (int a = 0; a < R; a++)
-        for (int i = 0; i < NT; i++) acc[a][i] = _mm512_setzero_ps();
+        for (int i = 0; i < NT; i++) acc[a][i] = vzero();
     const float* w = W + r0 * K;
     for (int64_t k = 0; k < K; k += 16) {
-        __m512 wv[R];
+        V16 wv[R];
         for (int a = 0; a < R; a++) {
-            wv[a] = _mm512_loadu_ps(w + a * K + k);
+            wv[a] = vload(w + a * K + k);
             // the next block of rows, on its way while this one computes (a prefetch never
             // faults, past the weight's end included): 1.2-1.7x the streaming speed of
             // the hardware's prefetcher alone, most with several tokens
-            _mm_prefetch((const char*)(w + (R + a) * K + k), _MM_HINT_T0);
+            specd::prefetch(w + (R + a) * K + k);
         }
         for (int i = 0; i < NT; i++) {
-            const __m512 xv = _mm512_loadu_ps(x + i * ldx + k);
-            for (int a = 0; a < R; a++) acc[a][i] = _mm512_fmadd_ps(wv[a], xv, acc[a][i]);
+            const V16 xv = vload(x + i * ldx + k);
+            for (int a = 0; a < R; a++) acc[a][i] = vfma(wv[a], xv, acc[a][i]);
         }
     }
     for (int a = 0; a < R; a++)
-        for (int i = 0; i < NT; i++) y[i * ldy + r0 + a] = _mm512_reduce_add_ps(acc[a][i]);
+        for (int i = 0; i < NT; i++) y[i * ldy + r0 + a] = vhsum(acc[a][i]);
 }
 
-template <int R>
+// NT tokens at a time (the rows' block stays in L1 between the groups), the last few with
+// a smaller block.
+template <int R, int NT = STEP_TOKENS>
 inline void block_tokens(const float* W, int64_t K, const float* x, int64_t ldx, int64_t T,
                          int64_t r0, float* y, int64_t ldy) {
-    // four tokens at a time; the rows' block stays in L1 between the groups
     int64_t i = 0;
-    for (; i + 4 <= T; i += 4) block<R, 4>(W, K, x + i * ldx, ldx, r0, y + i * ldy, ldy);
-    switch (T - i) {
-        case 3: block<R, 3>(W, K, x + i * ldx, ldx, r0, y + i * ldy, ldy); break;
-        case 2: block<R, 2>(W, K, x + i * ldx, ldx, r0, y + i * ldy, ldy); break;
-        case 1: block<R, 1>(W, K, x + i * ldx, ldx, r0, y + i * ldy, ldy); break;
-        default: break;
-    }
+    for (; i + NT <= T; i += NT) block<R, NT>(W, K, x + i * ldx, ldx, r0, y + i * ldy, ldy);
+    if constexpr (NT > 1)
+        if (i < T) block_tokens<R, NT - 1>(W, K, x + i * ldx, ldx, T - i, r0, y + i * ldy, ldy);
 }
 
 // y[i * ldy + r] = W[r] . x[i * ldx ..] (+ b[r]) for rows [r0, r1) of W [*, K] and tokens
@@ -80,7 +80,7 @@ inline void block_tokens(const float* W, int64_t K, const float* x, int64_t ldx,
 inline void rows(const float* W, const float* b, int64_t K, const float* x, int64_t ldx,
                  int64_t T, int64_t r0, int64_t r1, float* y, int64_t ldy) {
     int64_t r = r0;
-    for (; r + 4 <= r1; r += 4) block_tokens<4>(W, K, x, ldx, T, r, y, ldy);
+    for (; r + STEP_ROWS <= r1; r += STEP_ROWS) block_tokens<STEP_ROWS>(W, K, x, ldx, T, r, y, ldy);
     for (; r < r1; r++) block_tokens<1>(W, K, x, ldx, T, r, y, ldy);
     if (b != nullptr)
         for (int64_t i = 0; i < T; i++)
@@ -95,17 +95,13 @@ inline void share(int64_t n, int t, int nt, int64_t* lo, int64_t* hi) {
 
 // out = x / sqrt(mean(x^2) + eps) * w, for x [n], n a multiple of 16.
 inline void rmsnorm(const float* x, const float* w, int64_t n, float eps, float* out) {
-    __m512 acc = _mm512_setzero_ps();
+    V16 acc = vzero();
     for (int64_t i = 0; i < n; i += 16) {
-        const __m512 v = _mm512_loadu_ps(x + i);
-        acc = _mm512_fmadd_ps(v, v, acc);
+        const V16 v = vload(x + i);
+        acc = vfma(v, v, acc);
     }
-    const float inv = 1.0f / sqrtf(_mm512_reduce_add_ps(acc) / (float)n + eps);
-    const __m512 s = _mm512_set1_ps(inv);
-    for (int64_t i = 0; i < n; i += 16) {
-        const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x + i), s);
-        _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_loadu_ps(w + i), v));
-    }
+    const V16 s = vset1(1.0f / sqrtf(vhsum(acc) / (float)n + eps));
+    for (int64_t i = 0; i < n; i += 16) vstore(out + i, vmul(vload(w + i), vmul(vload(x + i), s)));
 }
 
 // x * cos + rotate_half(x) * sin for each of `heads` heads of size D.
@@ -122,38 +118,17 @@ inline void rotary(const float* x, const float* cos, const float* sin, int64_t h
 
 // out[r] = silu(g[r]) * u[r] = g[r] / (1 + e^-g[r]) * u[r] for r in [lo, hi).
 inline void silu_mul(const float* g, const float* u, int64_t lo, int64_t hi, float* out) {
-    const __m512 one = _mm512_set1_ps(1.0f);
-    for (int64_t r = lo; r < hi; r += 16) {
-        const __mmask16 mk = hi - r >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (hi - r)) - 1);
-        const __m512 gv = _mm512_maskz_loadu_ps(mk, g + r);
-        const __m512 e = specd::exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv));
-        const __m512 y = _mm512_div_ps(gv, _mm512_add_ps(one, e));
-        _mm512_mask_storeu_ps(out + r, mk, _mm512_mul_ps(y, _mm512_maskz_loadu_ps(mk, u + r)));
-    }
+    const V16 one = vset1(1.0f);
+    auto f = [&](V16 gv, V16 uv) { return vmul(vdiv(gv, vadd(one, vexp(vsub(vzero(), gv)))), uv); };
+    int64_t r = lo;
+    for (; r + 16 <= hi; r += 16) vstore(out + r, f(vload(g + r), vload(u + r)));
+    if (r < hi) vstore_n(out + r, f(vload_n(g + r, hi - r, 0.0f), vload_n(u + r, hi - r, 0.0f)), hi - r);
 }
 
 inline float dot(const float* a, const float* b, int64_t n) {
-    __m512 acc = _mm512_setzero_ps();
-    for (int64_t i = 0; i < n; i += 16)
-        acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
-    return _mm512_reduce_add_ps(acc);
-}
-
-// Lane i of the result: the sum of the lanes of v[i] (a transpose and add, 45 operations
-// for sixteen sums).
-inline __m512 sum16(const __m512* v) {
-    __m512 t[8], u[4];
-    for (int i = 0; i < 8; i++)  // per 128 bits: a0+a2, b0+b2, a1+a3, b1+b3
-        t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
-                             _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-    for (int i = 0; i < 4; i++) {  // per 128 bits: the four vectors' partial sums
-        const __m512d x = _mm512_castps_pd(t[2 * i]), y = _mm512_castps_pd(t[2 * i + 1]);
-        u[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
-                             _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
-    }
-    const __m512 a = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x88), _mm512_shuffle_f32x4(u[0], u[1], 0xDD));
-    const __m512 b = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x88), _mm512_shuffle_f32x4(u[2], u[3], 0xDD));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xDD));
+    V16 acc = vzero();
+    for (int64_t i = 0; i < n; i += 16) acc = vfma(vload(a + i), vload(b + i), acc);
+    return vhsum(acc);
 }
 
 struct Group {
@@ -185,18 +160,18 @@ inline void score_block(const Group& a, const Query& query, const Key& key, int6
     const int64_t nk = n / 4 * 4;
     for (int64_t j = j0; j < j0 + nk; j += 4) {
         const float* kp[4] = {key(j), key(j + 1), key(j + 2), key(j + 3)};
-        __m512 acc[16];
-        for (int x = 0; x < 16; x++) acc[x] = _mm512_setzero_ps();
+        V16 acc[16];
+        for (int x = 0; x < 16; x++) acc[x] = vzero();
         for (int c = 0; c < 64; c += 16) {
-            __m512 kv[4];
-            for (int y = 0; y < 4; y++) kv[y] = _mm512_loadu_ps(kp[y] + c);
+            V16 kv[4];
+            for (int y = 0; y < 4; y++) kv[y] = vload(kp[y] + c);
             for (int x = 0; x < NP; x++) {
-                const __m512 qv = _mm512_loadu_ps(qp[x] + c);
-                for (int y = 0; y < 4; y++) acc[x * 4 + y] = _mm512_fmadd_ps(qv, kv[y], acc[x * 4 + y]);
+                const V16 qv = vload(qp[x] + c);
+                for (int y = 0; y < 4; y++) acc[x * 4 + y] = vfma(qv, kv[y], acc[x * 4 + y]);
             }
         }
         alignas(64) float out[16];
-        _mm512_store_ps(out, _mm512_mul_ps(sum16(acc), _mm512_set1_ps(a.scale)));
+        vstore(out, vmul(vsum16(acc), vset1(a.scale)));
         for (int x = 0; x < NP; x++) {
             float* row = s + (p0 + x) * n + (j - j0);
             const int64_t i = (p0 + x) / a.rep;
@@ -229,7 +204,7 @@ void attend_group(const Group& a, int64_t Hq, int64_t j0, int64_t j1, float* s, 
     int64_t done = 0;  // pairs scored in blocks
     if (D == 64 && pairs >= 4) {
         // up to four pairs by four keys at a time: sixteen dot products in registers,
-        // summed across their lanes together (sum16); a one-token step's three pairs
+        // summed across their lanes together (vsum16); a one-token step's three pairs
         // measured 1.5% faster one dot product at a time
         for (; done < pairs; done += 4) {
             switch (pairs - done) {
@@ -245,50 +220,53 @@ void attend_group(const Group& a, int64_t Hq, int64_t j0, int64_t j1, float* s, 
             s[p * n + j - j0] = sees(a, p / a.rep, j) ? dot(query(p), key(j), D) * a.scale : -INFINITY;
     for (int64_t p = 0; p < pairs; p++) {
         float* sr = s + p * n;
-        __m512 top = _mm512_set1_ps(-INFINITY);
-        for (int64_t i = 0; i < n; i += 16) {
-            const __mmask16 mk = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
-            top = _mm512_mask_max_ps(top, mk, top, _mm512_maskz_loadu_ps(mk, sr + i));
-        }
-        const float mx = _mm512_reduce_max_ps(top);
+        V16 top = vset1(-INFINITY);
+        int64_t i = 0;
+        for (; i + 16 <= n; i += 16) top = vmax(top, vload(sr + i));
+        if (i < n) top = vmax(top, vload_n(sr + i, n - i, -INFINITY));
+        const float mx = vhmax(top);
         if (mx == -INFINITY) {  // this pair sees none of these positions
-            for (int64_t i = 0; i < n; i++) sr[i] = 0.0f;
+            for (i = 0; i < n; i++) sr[i] = 0.0f;
             continue;
         }
-        const __m512 mv = _mm512_set1_ps(mx);
-        __m512 sum = _mm512_setzero_ps();
-        for (int64_t i = 0; i < n; i += 16) {
-            const __mmask16 mk = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
-            const __m512 e = specd::exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, sr + i), mv));
-            const __m512 p = _mm512_maskz_mov_ps(mk, e);  // masked positions: exp(-inf) = 0
-            _mm512_mask_storeu_ps(sr + i, mk, p);
-            sum = _mm512_add_ps(sum, p);
+        const V16 mv = vset1(mx);
+        V16 sum = vzero();
+        for (i = 0; i + 16 <= n; i += 16) {
+            const V16 e = vexp(vsub(vload(sr + i), mv));
+            vstore(sr + i, e);
+            sum = vadd(sum, e);
+        }
+        if (i < n) {  // lanes past the end: 0, whatever the exponential of -inf gives
+            const V16 e = vselect(first_lanes(n - i), vexp(vsub(vload_n(sr + i, n - i, 0.0f), mv)), vzero());
+            vstore_n(sr + i, e, n - i);
+            sum = vadd(sum, e);
         }
         float* o = out(p);
         o[0] = mx;
-        o[1] = _mm512_reduce_add_ps(sum);
+        o[1] = vhsum(sum);
     }
-    // outputs: each value row once per four pairs, 64 columns of them in registers
-    for (int64_t p0 = 0; p0 < pairs; p0 += 4) {
-        const int64_t np = pairs - p0 < 4 ? pairs - p0 : 4;
-        for (int64_t c = 0; c < D; c += 64) {
-            const int64_t w = D - c < 64 ? (D - c) / 16 : 4;  // vectors of this slice
-            __m512 acc[4][4];
-            for (int x = 0; x < 4; x++)
-                for (int y = 0; y < 4; y++) acc[x][y] = _mm512_setzero_ps();
+    // outputs: each value row once per TILE_ROWS pairs and 16 * TILE_VECS columns, the
+    // tile in registers
+    constexpr int W = 16 * TILE_VECS;
+    for (int64_t p0 = 0; p0 < pairs; p0 += TILE_ROWS) {
+        const int64_t np = pairs - p0 < TILE_ROWS ? pairs - p0 : TILE_ROWS;
+        for (int64_t c = 0; c < D; c += W) {
+            const int64_t w = D - c < W ? (D - c) / 16 : TILE_VECS;  // vectors of this slice
+            V16 acc[TILE_ROWS][TILE_VECS];
+            for (int x = 0; x < TILE_ROWS; x++)
+                for (int y = 0; y < TILE_VECS; y++) acc[x][y] = vzero();
             for (int64_t j = j0; j < j1; j++) {
                 const float* val = (j >= a.past ? a.v_new + (j - a.past) * a.kv_t : a.v + j * D) + c;
-                __m512 vv[4];
-                for (int y = 0; y < 4; y++)
-                    vv[y] = y < w ? _mm512_loadu_ps(val + 16 * y) : _mm512_setzero_ps();
-                for (int x = 0; x < 4; x++) {
+                V16 vv[TILE_VECS];
+                for (int y = 0; y < TILE_VECS; y++) vv[y] = y < w ? vload(val + 16 * y) : vzero();
+                for (int x = 0; x < TILE_ROWS; x++) {
                     if (x >= np) break;
-                    const __m512 pr = _mm512_set1_ps(s[(p0 + x) * n + j - j0]);
-                    for (int y = 0; y < 4; y++) acc[x][y] = _mm512_fmadd_ps(pr, vv[y], acc[x][y]);
+                    const V16 pr = vset1(s[(p0 + x) * n + j - j0]);
+                    for (int y = 0; y < TILE_VECS; y++) acc[x][y] = vfma(pr, vv[y], acc[x][y]);
                 }
             }
             for (int x = 0; x < np; x++)
-                for (int y = 0; y < w; y++) _mm512_storeu_ps(out(p0 + x) + 2 + c + 16 * y, acc[x][y]);
+                for (int y = 0; y < w; y++) vstore(out(p0 + x) + 2 + c + 16 * y, acc[x][y]);
         }
     }
 }
@@ -312,6 +290,9 @@ Layout layout(int64_t H, int64_t I, int64_t Hq, int64_t KV, int64_t D, int64_t T
 extern "C" {
 
 int64_t specd_decode_step_max_tokens() { return MAX_T; }
+
+// The instruction set this library was built for: "avx512", "avx2", "neon" or "scalar".
+const char* specd_kernel_isa() { return specd::ISA; }
 
 // Floats of the `work` buffer specd_decode_step needs for T new tokens and `threads`
 // threads at `past` cached positions.

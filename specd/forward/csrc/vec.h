@@ -1,15 +1,75 @@
-// Vector helpers shared by specd's CPU kernels (AVX-512, float32).
+// The vector layer of specd's CPU kernels: one 16-float vector type, V16, and the handful of
+// operations the kernels use, for each instruction set the kernels are built for. The build
+// defines one of
+//
+//   SPECD_ISA_AVX512  x86-64 with AVX-512 F/BW/DQ/VL: one __m512
+//   SPECD_ISA_AVX2    x86-64 with AVX2 and FMA: two __m256
+//   SPECD_ISA_NEON    ARM64 (NEON is part of every AArch64 CPU): four float32x4_t
+//   SPECD_ISA_SCALAR  any CPU: sixteen floats and plain loops (a reference, and a last resort)
+//
+// so the kernels' arithmetic is written once. Each variant also says how to block the
+// kernels' loops for its registers (AVX-512 has 32 of 16 floats, AVX2 16 of 8, NEON 32 of 4):
+// the rows and tokens of a product's register block, the query rows and the vectors of
+// columns of an attention tile.
+//
+// Sums across lanes (hsum, sum16) add in an order of their own per instruction set: results
+// differ between builds by float32 rounding, never more.
 
 #pragma once
 
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(SPECD_ISA_AVX512) || defined(SPECD_ISA_AVX2)
 #include <immintrin.h>
+#elif defined(SPECD_ISA_NEON)
+#include <arm_neon.h>
+#elif !defined(SPECD_ISA_SCALAR)
+#error "define one of SPECD_ISA_AVX512, SPECD_ISA_AVX2, SPECD_ISA_NEON, SPECD_ISA_SCALAR"
+#endif
 
 namespace specd {
 
+// Lanes [0, n) of a 16-lane mask, 0 <= n <= 16.
+inline unsigned first_lanes(int64_t n) { return n >= 16 ? 0xFFFFu : (1u << n) - 1u; }
+
+#if defined(SPECD_ISA_AVX512)
+
+constexpr const char* ISA = "avx512";
+constexpr int STEP_ROWS = 4, STEP_TOKENS = 4;  // 16 accumulators, 4 weights, 1 input: 21 of 32
+constexpr int TILE_ROWS = 4, TILE_VECS = 4;    // 16 accumulators, 4 keys or values
+
+struct V16 {
+    __m512 v;
+};
+inline V16 vzero() { return {_mm512_setzero_ps()}; }
+inline V16 vset1(float x) { return {_mm512_set1_ps(x)}; }
+inline V16 vload(const float* p) { return {_mm512_loadu_ps(p)}; }
+inline void vstore(float* p, V16 a) { _mm512_storeu_ps(p, a.v); }
+inline V16 vadd(V16 a, V16 b) { return {_mm512_add_ps(a.v, b.v)}; }
+inline V16 vsub(V16 a, V16 b) { return {_mm512_sub_ps(a.v, b.v)}; }
+inline V16 vmul(V16 a, V16 b) { return {_mm512_mul_ps(a.v, b.v)}; }
+inline V16 vdiv(V16 a, V16 b) { return {_mm512_div_ps(a.v, b.v)}; }
+inline V16 vmax(V16 a, V16 b) { return {_mm512_max_ps(a.v, b.v)}; }
+inline V16 vfma(V16 a, V16 b, V16 c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }  // a * b + c
+inline float vhsum(V16 a) { return _mm512_reduce_add_ps(a.v); }
+inline float vhmax(V16 a) { return _mm512_reduce_max_ps(a.v); }
+// Lanes whose bit is set in m from a, the others from b.
+inline V16 vselect(unsigned m, V16 a, V16 b) { return {_mm512_mask_blend_ps((__mmask16)m, b.v, a.v)}; }
+// The first n lanes from p (0 <= n <= 16), the others `fill`; never reads past p + n.
+inline V16 vload_n(const float* p, int64_t n, float fill) {
+    return {_mm512_mask_loadu_ps(_mm512_set1_ps(fill), (__mmask16)first_lanes(n), p)};
+}
+inline void vstore_n(float* p, V16 a, int64_t n) {
+    _mm512_mask_storeu_ps(p, (__mmask16)first_lanes(n), a.v);
+}
+inline void prefetch(const void* p) { _mm_prefetch((const char*)p, _MM_HINT_T0); }
+
 // e^x for 16 lanes: 2^n * p(r), r = x - n ln 2 in [-ln2/2, ln2/2], p of degree 7 (about 1
 // ulp); lanes far below -87 give 0, as expf does.
-inline __m512 exp16(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+inline V16 vexp(V16 a) {
+    const __m512 x = _mm512_max_ps(a.v, _mm512_set1_ps(-104.0f));
     const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
@@ -21,7 +81,284 @@ inline __m512 exp16(__m512 x) {
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
     p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_scalef_ps(p, n);
+    return {_mm512_scalef_ps(p, n)};
 }
+
+// Lane i of the result: the sum of the lanes of v[i] (a transpose and add, 45 operations
+// for sixteen sums).
+inline V16 vsum16(const V16* v) {
+    __m512 t[8], u[4];
+    for (int i = 0; i < 8; i++)  // per 128 bits: a0+a2, b0+b2, a1+a3, b1+b3
+        t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i].v, v[2 * i + 1].v),
+                             _mm512_unpackhi_ps(v[2 * i].v, v[2 * i + 1].v));
+    for (int i = 0; i < 4; i++) {  // per 128 bits: the four vectors' partial sums
+        const __m512d x = _mm512_castps_pd(t[2 * i]), y = _mm512_castps_pd(t[2 * i + 1]);
+        u[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+    }
+    const __m512 a = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x88),
+                                   _mm512_shuffle_f32x4(u[0], u[1], 0xDD));
+    const __m512 b = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x88),
+                                   _mm512_shuffle_f32x4(u[2], u[3], 0xDD));
+    return {_mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xDD))};
+}
+
+// Bit i set where p[i] != 0, for i < n <= 64; never reads past p + n.
+inline uint64_t nonzero_bits(const uint8_t* p, int64_t n) {
+    const __mmask64 load = n >= 64 ? ~0ull : ((1ull << n) - 1);
+    const __m512i row = _mm512_maskz_loadu_epi8(load, p);
+    return _mm512_test_epi8_mask(row, row);
+}
+
+#elif defined(SPECD_ISA_AVX2)
+
+constexpr const char* ISA = "avx2";
+constexpr int STEP_ROWS = 2, STEP_TOKENS = 2;  // 8 accumulators, 4 weights, 2 input: 14 of 16
+constexpr int TILE_ROWS = 2, TILE_VECS = 2;    // 8 accumulators, 4 keys or values
+
+struct V16 {
+    __m256 lo, hi;
+};
+inline V16 vzero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+inline V16 vset1(float x) { return {_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
+inline V16 vload(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+inline void vstore(float* p, V16 a) {
+    _mm256_storeu_ps(p, a.lo);
+    _mm256_storeu_ps(p + 8, a.hi);
+}
+inline V16 vadd(V16 a, V16 b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
+inline V16 vsub(V16 a, V16 b) { return {_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)}; }
+inline V16 vmul(V16 a, V16 b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
+inline V16 vdiv(V16 a, V16 b) { return {_mm256_div_ps(a.lo, b.lo), _mm256_div_ps(a.hi, b.hi)}; }
+inline V16 vmax(V16 a, V16 b) { return {_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi)}; }
+inline V16 vfma(V16 a, V16 b, V16 c) {
+    return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
+}
+inline float hsum8(__m256 a) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+inline float vhsum(V16 a) { return hsum8(_mm256_add_ps(a.lo, a.hi)); }
+inline float vhmax(V16 a) {
+    const __m256 m = _mm256_max_ps(a.lo, a.hi);
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+}
+// Lanes whose bit is set in m from a, the others from b: each lane tests its own bit.
+inline V16 vselect(unsigned m, V16 a, V16 b) {
+    const __m256i bl = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    const __m256i bh = _mm256_slli_epi32(bl, 8);
+    const __m256i mm = _mm256_set1_epi32((int)m);
+    const __m256 kl = _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(mm, bl), bl));
+    const __m256 kh = _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(mm, bh), bh));
+    return {_mm256_blendv_ps(b.lo, a.lo, kl), _mm256_blendv_ps(b.hi, a.hi, kh)};
+}
+inline V16 vload_n(const float* p, int64_t n, float fill) {
+    alignas(32) float t[16];
+    for (int i = 0; i < 16; i++) t[i] = i < n ? p[i] : fill;
+    return vload(t);
+}
+inline void vstore_n(float* p, V16 a, int64_t n) {
+    alignas(32) float t[16];
+    vstore(t, a);
+    for (int i = 0; i < n && i < 16; i++) p[i] = t[i];
+}
+inline void prefetch(const void* p) { _mm_prefetch((const char*)p, _MM_HINT_T0); }
+
+// e^x as AVX-512's vexp, 2^n built in the exponent bits (so x is held to [-87, 88], where n
+// stays a normal float's exponent); lanes below -87 give 0.
+inline __m256 exp8(__m256 a) {
+    const __m256 x = _mm256_min_ps(_mm256_max_ps(a, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    const __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+    return _mm256_and_ps(y, _mm256_cmp_ps(a, _mm256_set1_ps(-87.0f), _CMP_GE_OQ));
+}
+inline V16 vexp(V16 a) { return {exp8(a.lo), exp8(a.hi)}; }
+
+// Lane i of the eight: the sum of the lanes of s[i].
+inline __m256 sum8(const __m256* s) {
+    const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(s[0], s[1]), _mm256_hadd_ps(s[2], s[3]));
+    const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(s[4], s[5]), _mm256_hadd_ps(s[6], s[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+}
+inline V16 vsum16(const V16* v) {
+    __m256 s[16];
+    for (int i = 0; i < 16; i++) s[i] = _mm256_add_ps(v[i].lo, v[i].hi);
+    return {sum8(s), sum8(s + 8)};
+}
+
+inline uint64_t nonzero_bits(const uint8_t* p, int64_t n) {
+    uint64_t bits = 0;
+    for (int64_t i = 0; i < n; i++) bits |= (uint64_t)(p[i] != 0) << i;
+    return bits;
+}
+
+#elif defined(SPECD_ISA_NEON)
+
+constexpr const char* ISA = "neon";
+constexpr int STEP_ROWS = 2, STEP_TOKENS = 2;  // 16 accumulators, 8 weights, 4 input: 28 of 32
+constexpr int TILE_ROWS = 2, TILE_VECS = 2;    // 16 accumulators, 8 keys or values
+
+struct V16 {
+    float32x4_t q[4];
+};
+inline V16 vzero() { return {{vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)}}; }
+inline V16 vset1(float x) { return {{vdupq_n_f32(x), vdupq_n_f32(x), vdupq_n_f32(x), vdupq_n_f32(x)}}; }
+inline V16 vload(const float* p) {
+    return {{vld1q_f32(p), vld1q_f32(p + 4), vld1q_f32(p + 8), vld1q_f32(p + 12)}};
+}
+inline void vstore(float* p, V16 a) {
+    for (int i = 0; i < 4; i++) vst1q_f32(p + 4 * i, a.q[i]);
+}
+#define SPECD_BINARY(name, op) \
+    inline V16 name(V16 a, V16 b) { \
+        return {{op(a.q[0], b.q[0]), op(a.q[1], b.q[1]), op(a.q[2], b.q[2]), op(a.q[3], b.q[3])}}; \
+    }
+SPECD_BINARY(vadd, vaddq_f32)
+SPECD_BINARY(vsub, vsubq_f32)
+SPECD_BINARY(vmul, vmulq_f32)
+SPECD_BINARY(vdiv, vdivq_f32)
+SPECD_BINARY(vmax, vmaxq_f32)
+#undef SPECD_BINARY
+inline V16 vfma(V16 a, V16 b, V16 c) {
+    return {{vfmaq_f32(c.q[0], a.q[0], b.q[0]), vfmaq_f32(c.q[1], a.q[1], b.q[1]),
+             vfmaq_f32(c.q[2], a.q[2], b.q[2]), vfmaq_f32(c.q[3], a.q[3], b.q[3])}};
+}
+inline float vhsum(V16 a) {
+    return vaddvq_f32(vaddq_f32(vaddq_f32(a.q[0], a.q[1]), vaddq_f32(a.q[2], a.q[3])));
+}
+inline float vhmax(V16 a) {
+    return vmaxvq_f32(vmaxq_f32(vmaxq_f32(a.q[0], a.q[1]), vmaxq_f32(a.q[2], a.q[3])));
+}
+inline V16 vselect(unsigned m, V16 a, V16 b) {
+    const uint32_t lanes[4] = {1, 2, 4, 8};
+    const uint32x4_t bits = vld1q_u32(lanes);
+    V16 r;
+    for (int i = 0; i < 4; i++) {
+        const uint32x4_t keep = vtstq_u32(vdupq_n_u32(m >> (4 * i)), bits);
+        r.q[i] = vbslq_f32(keep, a.q[i], b.q[i]);
+    }
+    return r;
+}
+inline V16 vload_n(const float* p, int64_t n, float fill) {
+    float t[16];
+    for (int i = 0; i < 16; i++) t[i] = i < n ? p[i] : fill;
+    return vload(t);
+}
+inline void vstore_n(float* p, V16 a, int64_t n) {
+    float t[16];
+    vstore(t, a);
+    for (int i = 0; i < n && i < 16; i++) p[i] = t[i];
+}
+inline void prefetch(const void* p) { __builtin_prefetch(p, 0, 3); }
+
+// e^x as AVX-512's vexp, 2^n built in the exponent bits (so x is held to [-87, 88]); lanes
+// below -87 give 0.
+inline float32x4_t exp4(float32x4_t a) {
+    const float32x4_t x = vminq_f32(vmaxq_f32(a, vdupq_n_f32(-87.0f)), vdupq_n_f32(88.0f));
+    const float32x4_t n = vrndnq_f32(vmulq_f32(x, vdupq_n_f32(1.44269504088896341f)));
+    float32x4_t r = vfmsq_f32(x, n, vdupq_n_f32(0.693359375f));
+    r = vfmsq_f32(r, n, vdupq_n_f32(-2.12194440e-4f));
+    float32x4_t p = vdupq_n_f32(1.9875691500e-4f);
+    p = vfmaq_f32(vdupq_n_f32(1.3981999507e-3f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(8.3334519073e-3f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(4.1665795894e-2f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(1.6666665459e-1f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(5.0000001201e-1f), p, r);
+    p = vfmaq_f32(vaddq_f32(r, vdupq_n_f32(1.0f)), p, vmulq_f32(r, r));
+    const int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)), 23);
+    const float32x4_t y = vmulq_f32(p, vreinterpretq_f32_s32(e));
+    const uint32x4_t seen = vcgeq_f32(a, vdupq_n_f32(-87.0f));
+    return vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(y), seen));
+}
+inline V16 vexp(V16 a) { return {{exp4(a.q[0]), exp4(a.q[1]), exp4(a.q[2]), exp4(a.q[3])}}; }
+
+inline V16 vsum16(const V16* v) {
+    float32x4_t s[16];
+    for (int i = 0; i < 16; i++) s[i] = vaddq_f32(vaddq_f32(v[i].q[0], v[i].q[1]), vaddq_f32(v[i].q[2], v[i].q[3]));
+    V16 r;
+    for (int i = 0; i < 4; i++)  // pairwise adds: lanes 4i .. 4i + 3 hold the sums of s[4i ..]
+        r.q[i] = vpaddq_f32(vpaddq_f32(s[4 * i], s[4 * i + 1]), vpaddq_f32(s[4 * i + 2], s[4 * i + 3]));
+    return r;
+}
+
+inline uint64_t nonzero_bits(const uint8_t* p, int64_t n) {
+    uint64_t bits = 0;
+    for (int64_t i = 0; i < n; i++) bits |= (uint64_t)(p[i] != 0) << i;
+    return bits;
+}
+
+#else  // SPECD_ISA_SCALAR
+
+constexpr const char* ISA = "scalar";
+constexpr int STEP_ROWS = 1, STEP_TOKENS = 4;
+constexpr int TILE_ROWS = 4, TILE_VECS = 1;
+
+struct V16 {
+    float f[16];
+};
+#define SPECD_LANES(expr)                      \
+    V16 r;                                     \
+    for (int i = 0; i < 16; i++) r.f[i] = expr; \
+    return r
+inline V16 vzero() { SPECD_LANES(0.0f); }
+inline V16 vset1(float x) { SPECD_LANES(x); }
+inline V16 vload(const float* p) { SPECD_LANES(p[i]); }
+inline void vstore(float* p, V16 a) { memcpy(p, a.f, sizeof(a.f)); }
+inline V16 vadd(V16 a, V16 b) { SPECD_LANES(a.f[i] + b.f[i]); }
+inline V16 vsub(V16 a, V16 b) { SPECD_LANES(a.f[i] - b.f[i]); }
+inline V16 vmul(V16 a, V16 b) { SPECD_LANES(a.f[i] * b.f[i]); }
+inline V16 vdiv(V16 a, V16 b) { SPECD_LANES(a.f[i] / b.f[i]); }
+inline V16 vmax(V16 a, V16 b) { SPECD_LANES(a.f[i] > b.f[i] ? a.f[i] : b.f[i]); }
+inline V16 vfma(V16 a, V16 b, V16 c) { SPECD_LANES(fmaf(a.f[i], b.f[i], c.f[i])); }
+inline V16 vselect(unsigned m, V16 a, V16 b) { SPECD_LANES((m >> i) & 1u ? a.f[i] : b.f[i]); }
+inline V16 vload_n(const float* p, int64_t n, float fill) { SPECD_LANES(i < n ? p[i] : fill); }
+inline V16 vexp(V16 a) { SPECD_LANES(expf(a.f[i])); }
+#undef SPECD_LANES
+inline void vstore_n(float* p, V16 a, int64_t n) {
+    for (int i = 0; i < n && i < 16; i++) p[i] = a.f[i];
+}
+inline float vhsum(V16 a) {
+    float s = 0.0f;
+    for (int i = 0; i < 16; i++) s += a.f[i];
+    return s;
+}
+inline float vhmax(V16 a) {
+    float m = a.f[0];
+    for (int i = 1; i < 16; i++) m = a.f[i] > m ? a.f[i] : m;
+    return m;
+}
+inline V16 vsum16(const V16* v) {
+    V16 r;
+    for (int i = 0; i < 16; i++) r.f[i] = vhsum(v[i]);
+    return r;
+}
+inline void prefetch(const void* p) {
+#if defined(__GNUC__)
+    __builtin_prefetch(p, 0, 3);
+#else
+    (void)p;
+#endif
+}
+inline uint64_t nonzero_bits(const uint8_t* p, int64_t n) {
+    uint64_t bits = 0;
+    for (int64_t i = 0; i < n; i++) bits |= (uint64_t)(p[i] != 0) << i;
+    return bits;
+}
+
+#endif
 
 }  // namespace specd

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Build specd's kernel self-test (specd/forward/csrc/selftest.cpp with the kernels) for one
+# instruction set and run it: natively where this CPU runs that set, and for neon on an
+# x86-64 host with Debian's cross compiler under qemu's user-mode emulator
+# (apt-get install g++-aarch64-linux-gnu qemu-user).
+#
+#   scripts/check_kernels.sh avx512|avx2|neon|scalar [tolerance]
+#
+# Exit codes: 0 within tolerance, 1 over it (or a failed build), 2 bad usage, 77 this host
+# cannot run that set (the reason is printed).
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+isa=${1:-}
+tolerance=${2:-1e-4}
+case "$isa" in
+    avx512 | avx2 | neon | scalar) ;;
+    *)
+        echo "usage: $0 avx512|avx2|neon|scalar [tolerance]" >&2
+        exit 2
+        ;;
+esac
+python=${PYTHON:-$root/.venv/bin/python}
+[ -x "$python" ] || python=python3
+
+# The flags and the host's verdict from the code that builds the kernels, so the two agree.
+read -r runs flags < <(cd "$root" && "$python" - "$isa" <<'PY'
+import sys
+from specd.forward.kernel_build import ISA_FLAGS, runnable
+isa = sys.argv[1]
+print("yes" if isa in runnable() else "no", " ".join(ISA_FLAGS[isa]) or "-")
+PY
+)
+[ "$flags" = "-" ] && flags=""
+
+run=()
+cxx=${CXX:-c++}
+if [ "$runs" != yes ]; then
+    if [ "$isa" != neon ]; then
+        echo "this CPU ($(uname -m)) cannot run the $isa kernels" >&2
+        exit 77
+    fi
+    cxx=${CROSS_CXX:-aarch64-linux-gnu-g++}
+    qemu=$(command -v qemu-aarch64 || command -v qemu-aarch64-static || true)
+    missing=()
+    command -v "$cxx" > /dev/null || missing+=("$cxx (apt-get install g++-aarch64-linux-gnu)")
+    [ -n "$qemu" ] || missing+=("qemu-aarch64 (apt-get install qemu-user)")
+    if [ ${#missing[@]} -gt 0 ]; then
+        echo "neon on $(uname -m) needs a cross compiler and an emulator; missing: ${missing[*]}" >&2
+        exit 77
+    fi
+    sysroot=${QEMU_LD_PREFIX:-/usr/aarch64-linux-gnu}
+    run=(env OMP_WAIT_POLICY=passive "$qemu" -L "$sysroot")  # spinning threads crawl emulated
+    echo "cross: $("$cxx" --version | head -1); emulator: $("$qemu" --version | head -1)"
+fi
+
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+csrc=$root/specd/forward/csrc
+# shellcheck disable=SC2086  # flags is a list of words
+"$cxx" -O3 -std=c++17 -fopenmp $flags "-DSPECD_ISA_${isa^^}" \
+    "$csrc/selftest.cpp" "$csrc/attention.cpp" "$csrc/decode_step.cpp" -o "$out/selftest"
+"${run[@]}" "$out/selftest" "$tolerance"

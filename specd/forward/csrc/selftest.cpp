@@ -1,0 +1,337 @@
+// A self-test of specd's CPU kernels as built for one instruction set, against a plain
+// scalar reference in double precision: the step kernel (decode_step.cpp) over a tiny
+// Llama-shaped stack of layers with random weights, chains and trees of 1 to 16 new tokens
+// over caches of several lengths, with and without biases, 16- and 64-wide heads, one to
+// three threads; and the attention kernel (attention.cpp) at shapes that cross its blocks
+// of 64 queries and keys, chains and trees.
+//
+// Built together with the kernels (scripts/check_kernels.sh ISA), run natively or under an
+// emulator. Prints the largest error of each part relative to the largest magnitude of the
+// reference (at least 1) and exits 1 when one is over the tolerance, 2 on bad usage.
+//
+//   selftest [tolerance]        (default 1e-4)
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <random>
+#include <vector>
+
+extern "C" {
+const char* specd_kernel_isa();
+int64_t specd_decode_step_max_tokens();
+int64_t specd_decode_step_work(int64_t H, int64_t I, int64_t Hq, int64_t KV, int64_t D, int64_t T,
+                               int64_t past, int threads);
+void specd_decode_step(const float* const* layers, int64_t L, const int64_t* caches, int64_t H,
+                       int64_t I, int64_t Hq, int64_t KV, int64_t D, float eps, float scale,
+                       const float* x, const float* cos, const float* sin, int64_t T,
+                       int64_t past, const uint8_t* tree, const float* norm, const float* lm,
+                       const float* lm_b, int64_t V, float* logits, float* hidden, float* work,
+                       int threads);
+int specd_attention_head_dim();
+void specd_attention(const float* q, int64_t q_h, int64_t q_t, const float* k, int64_t k_h,
+                     int64_t k_s, const float* v, int64_t v_h, int64_t v_s, float* out,
+                     int64_t o_h, int64_t o_t, const uint8_t* tree, int64_t Hq, int64_t KV,
+                     int64_t T, int64_t past, float scale, float* kt, int64_t ldkt, int threads);
+}
+
+namespace {
+
+using Vec = std::vector<float>;
+std::mt19937 rng(1234);
+
+Vec randn(size_t n, float scale, float mean = 0.0f) {
+    std::normal_distribution<float> dist(mean, scale);
+    Vec v(n);
+    for (auto& x : v) x = dist(rng);
+    return v;
+}
+
+// The largest |got - want| relative to the largest |want| (at least 1).
+double rel_err(const float* got, const double* want, size_t n) {
+    double diff = 0.0, top = 1.0;
+    for (size_t i = 0; i < n; i++) {
+        const double d = fabs((double)got[i] - want[i]);
+        diff = d > diff || d != d ? d : diff;  // NaN counts as the worst
+        top = fabs(want[i]) > top ? fabs(want[i]) : top;
+    }
+    return diff / top;
+}
+
+// A random tree of T nodes in breadth-first order: node i sees itself and its ancestors.
+std::vector<uint8_t> random_tree(int64_t T, std::vector<int64_t>* depth) {
+    std::vector<uint8_t> tree(T * T, 0);
+    depth->assign(T, 0);
+    for (int64_t i = 0; i < T; i++) {
+        tree[i * T + i] = 1;
+        if (i == 0) continue;
+        const int64_t parent = (int64_t)(rng() % i);
+        (*depth)[i] = (*depth)[parent] + 1;
+        for (int64_t j = 0; j < T; j++) tree[i * T + j] |= tree[parent * T + j];
+    }
+    return tree;
+}
+
+bool sees(const uint8_t* tree, int64_t T, int64_t past, int64_t i, int64_t j) {
+    if (j < past) return true;
+    return tree == nullptr ? j - past <= i : tree[i * T + (j - past)] != 0;
+}
+
+// Softmax attention of one query over n keys (rows of D, stride ks) where `seen`, in double.
+void attend(const double* q, const float* k, const float* v, int64_t ks, int64_t n, int64_t D,
+            double scale, const std::vector<bool>& seen, double* out) {
+    std::vector<double> s(n);
+    double top = -INFINITY, total = 0.0;
+    for (int64_t j = 0; j < n; j++) {
+        if (!seen[j]) continue;
+        double dot = 0.0;
+        for (int64_t d = 0; d < D; d++) dot += q[d] * k[j * ks + d];
+        s[j] = dot * scale;
+        top = s[j] > top ? s[j] : top;
+    }
+    for (int64_t d = 0; d < D; d++) out[d] = 0.0;
+    for (int64_t j = 0; j < n; j++) {
+        if (!seen[j]) continue;
+        const double p = exp(s[j] - top);
+        total += p;
+        for (int64_t d = 0; d < D; d++) out[d] += p * v[j * ks + d];
+    }
+    for (int64_t d = 0; d < D; d++) out[d] = total > 0.0 ? out[d] / total : 0.0;
+}
+
+// y[r] = W[r] . x (+ b[r]), W [n, K], in double.
+void matvec(const float* W, const float* b, const double* x, int64_t n, int64_t K, double* y) {
+    for (int64_t r = 0; r < n; r++) {
+        double acc = b != nullptr ? b[r] : 0.0;
+        for (int64_t k = 0; k < K; k++) acc += (double)W[r * K + k] * x[k];
+        y[r] = acc;
+    }
+}
+
+void rmsnorm(const double* x, const float* w, int64_t n, double eps, double* out) {
+    double ss = 0.0;
+    for (int64_t i = 0; i < n; i++) ss += x[i] * x[i];
+    const double inv = 1.0 / sqrt(ss / n + eps);
+    for (int64_t i = 0; i < n; i++) out[i] = x[i] * inv * w[i];
+}
+
+void rotary(double* x, const float* cos, const float* sin, int64_t D) {
+    std::vector<double> a(x, x + D);
+    const int64_t half = D / 2;
+    for (int64_t i = 0; i < D; i++)
+        x[i] = a[i] * cos[i] + (i < half ? -a[i + half] : a[i - half]) * sin[i];
+}
+
+struct Model {
+    int64_t L, H, I, Hq, KV, D, V;
+    bool biases;
+    std::vector<Vec> w;  // per layer, 13 tensors in decode_step.cpp's order (empty: none)
+    Vec norm, lm, lm_b;
+};
+
+enum { LN1, WQ, BQ, WK, BK, WV, BV, WO, BO, LN2, WG, WU, WD, PER_LAYER };
+
+Model make_model(int64_t L, int64_t H, int64_t I, int64_t Hq, int64_t KV, int64_t D, int64_t V,
+                 bool biases) {
+    Model m{L, H, I, Hq, KV, D, V, biases, {}, {}, {}, {}};
+    const float sh = 1.0f / sqrtf((float)H), sq = 1.0f / sqrtf((float)(Hq * D));
+    const float si = 1.0f / sqrtf((float)I);
+    for (int64_t l = 0; l < L; l++) {
+        m.w.push_back(randn(H, 0.1f, 1.0f));
+        m.w.push_back(randn(Hq * D * H, sh));
+        m.w.push_back(biases ? randn(Hq * D, 0.5f) : Vec());
+        m.w.push_back(randn(KV * D * H, sh));
+        m.w.push_back(biases ? randn(KV * D, 0.5f) : Vec());
+        m.w.push_back(randn(KV * D * H, sh));
+        m.w.push_back(biases ? randn(KV * D, 0.5f) : Vec());
+        m.w.push_back(randn(H * Hq * D, sq));
+        m.w.push_back(Vec());
+        m.w.push_back(randn(H, 0.1f, 1.0f));
+        m.w.push_back(randn(I * H, sh));
+        m.w.push_back(randn(I * H, sh));
+        m.w.push_back(randn(H * I, si));
+    }
+    m.norm = randn(H, 0.1f, 1.0f);
+    m.lm = randn(V * H, 4.0f * sh);
+    if (biases) m.lm_b = randn(V, 0.5f);
+    return m;
+}
+
+const float* ptr(const Vec& v) { return v.empty() ? nullptr : v.data(); }
+
+// One pass of T new tokens over the reference's own caches kc, vc ([L][KV][cap][D], the
+// first `past` positions filled), which it extends: logits [T, V] and hidden [T, H].
+void reference_step(const Model& m, const Vec& x, const Vec& cos, const Vec& sin, int64_t T,
+                    int64_t past, const uint8_t* tree, int64_t cap, Vec& kc, Vec& vc,
+                    std::vector<double>& logits, std::vector<double>& hidden) {
+    const int64_t H = m.H, D = m.D, QD = m.Hq * D, KD = m.KV * D, rep = m.Hq / m.KV;
+    const double eps = 1e-5, scale = 1.0 / sqrt((double)D);
+    std::vector<double> h(x.begin(), x.end()), xn(H), q(T * QD), k(KD), v(KD), o(QD), y(H);
+    std::vector<double> g(m.I), u(m.I);
+    for (int64_t l = 0; l < m.L; l++) {
+        const std::vector<Vec>& w = m.w;
+        const int64_t b = l * PER_LAYER;
+        float* lk = kc.data() + l * m.KV * cap * D;
+        float* lv = vc.data() + l * m.KV * cap * D;
+        for (int64_t i = 0; i < T; i++) {
+            rmsnorm(&h[i * H], w[b + LN1].data(), H, eps, xn.data());
+            matvec(w[b + WQ].data(), ptr(w[b + BQ]), xn.data(), QD, H, &q[i * QD]);
+            matvec(w[b + WK].data(), ptr(w[b + BK]), xn.data(), KD, H, k.data());
+            matvec(w[b + WV].data(), ptr(w[b + BV]), xn.data(), KD, H, v.data());
+            for (int64_t hd = 0; hd < m.Hq; hd++) rotary(&q[i * QD + hd * D], &cos[i * D], &sin[i * D], D);
+            for (int64_t g2 = 0; g2 < m.KV; g2++) {
+                rotary(&k[g2 * D], &cos[i * D], &sin[i * D], D);
+                for (int64_t d = 0; d < D; d++) {
+                    lk[(g2 * cap + past + i) * D + d] = (float)k[g2 * D + d];
+                    lv[(g2 * cap + past + i) * D + d] = (float)v[g2 * D + d];
+                }
+            }
+        }
+        for (int64_t i = 0; i < T; i++) {
+            std::vector<bool> seen(past + T);
+            for (int64_t j = 0; j < past + T; j++) seen[j] = sees(tree, T, past, i, j);
+            for (int64_t hd = 0; hd < m.Hq; hd++) {
+                const int64_t g2 = hd / rep;
+                attend(&q[i * QD + hd * D], lk + g2 * cap * D, lv + g2 * cap * D, D, past + T, D,
+                       scale, seen, &o[hd * D]);
+            }
+            matvec(w[b + WO].data(), ptr(w[b + BO]), o.data(), H, QD, y.data());
+            for (int64_t r = 0; r < H; r++) h[i * H + r] += y[r];
+            rmsnorm(&h[i * H], w[b + LN2].data(), H, eps, xn.data());
+            matvec(w[b + WG].data(), nullptr, xn.data(), m.I, H, g.data());
+            matvec(w[b + WU].data(), nullptr, xn.data(), m.I, H, u.data());
+            for (int64_t r = 0; r < m.I; r++) g[r] = g[r] / (1.0 + exp(-g[r])) * u[r];
+            matvec(w[b + WD].data(), nullptr, g.data(), H, m.I, y.data());
+            for (int64_t r = 0; r < H; r++) h[i * H + r] += y[r];
+        }
+    }
+    logits.assign(T * m.V, 0.0);
+    hidden.assign(T * H, 0.0);
+    for (int64_t i = 0; i < T; i++) {
+        rmsnorm(&h[i * H], m.norm.data(), H, eps, &hidden[i * H]);
+        matvec(m.lm.data(), ptr(m.lm_b), &hidden[i * H], m.V, H, &logits[i * m.V]);
+    }
+}
+
+// The step kernel over m against the reference: passes of 1-16 tokens, chains and trees, on
+// caches of several lengths. The largest relative error of logits, hidden states and the
+// keys and values it wrote.
+double check_step(const Model& m, int* passes) {
+    const int64_t cap = 160, D = m.D, H = m.H;
+    const float eps = 1e-5f, scale = 1.0f / sqrtf((float)D);
+    std::vector<const float*> table;
+    for (int64_t l = 0; l < m.L; l++)
+        for (int n = 0; n < PER_LAYER; n++) table.push_back(ptr(m.w[l * PER_LAYER + n]));
+    double worst = 0.0;
+    for (int64_t past : {0, 5, 37, 100}) {
+        // a cache of `past` random positions, the same for the kernel and the reference
+        const Vec k0 = randn(m.L * m.KV * cap * D, 1.0f), v0 = randn(m.L * m.KV * cap * D, 1.0f);
+        for (int64_t T = 1; T <= specd_decode_step_max_tokens(); T++) {
+            for (int shape = 0; shape < 2; shape++) {  // a chain, a tree
+                std::vector<int64_t> depth(T);
+                std::vector<uint8_t> tree;
+                if (shape == 1) tree = random_tree(T, &depth);
+                else
+                    for (int64_t i = 0; i < T; i++) depth[i] = i;
+                const uint8_t* tp = shape == 1 ? tree.data() : nullptr;
+                const Vec x = randn(T * H, 1.0f);
+                Vec cos(T * D), sin(T * D);
+                for (int64_t i = 0; i < T; i++)
+                    for (int64_t d = 0; d < D; d++) {
+                        const double f = pow(10000.0, -2.0 * (d % (D / 2)) / D);
+                        cos[i * D + d] = (float)::cos((past + depth[i]) * f);
+                        sin[i * D + d] = (float)::sin((past + depth[i]) * f);
+                    }
+                Vec kc = k0, vc = v0, rk = k0, rv = v0;
+                std::vector<int64_t> caches;
+                for (int64_t l = 0; l < m.L; l++) {
+                    caches.push_back((int64_t)(kc.data() + l * m.KV * cap * D));
+                    caches.push_back((int64_t)(vc.data() + l * m.KV * cap * D));
+                    caches.push_back(cap * D);
+                    caches.push_back(cap * D);
+                }
+                const int threads = 1 + (int)((T + past) % 3);
+                Vec work(specd_decode_step_work(H, m.I, m.Hq, m.KV, D, T, past, threads));
+                Vec logits(T * m.V), hidden(T * H);
+                specd_decode_step(table.data(), m.L, caches.data(), H, m.I, m.Hq, m.KV, D, eps,
+                                  scale, x.data(), cos.data(), sin.data(), T, past, tp,
+                                  m.norm.data(), m.lm.data(), ptr(m.lm_b), m.V, logits.data(),
+                                  hidden.data(), work.data(), threads);
+                std::vector<double> want_logits, want_hidden;
+                reference_step(m, x, cos, sin, T, past, tp, cap, rk, rv, want_logits, want_hidden);
+                std::vector<double> want_k(rk.begin(), rk.end()), want_v(rv.begin(), rv.end());
+                const double errs[] = {
+                    rel_err(logits.data(), want_logits.data(), logits.size()),
+                    rel_err(hidden.data(), want_hidden.data(), hidden.size()),
+                    rel_err(kc.data(), want_k.data(), kc.size()),
+                    rel_err(vc.data(), want_v.data(), vc.size()),
+                };
+                for (double e : errs) worst = e > worst || e != e ? e : worst;
+                (*passes)++;
+            }
+        }
+    }
+    return worst;
+}
+
+// The attention kernel against the reference at one shape.
+double check_attention(int64_t T, int64_t past, int64_t Hq, int64_t KV, bool with_tree) {
+    const int64_t D = specd_attention_head_dim(), S = past + T, ld = (S + 63) / 64 * 64;
+    const Vec q = randn(Hq * T * D, 2.0f), k = randn(KV * S * D, 1.0f), v = randn(KV * S * D, 1.0f);
+    std::vector<int64_t> depth;
+    std::vector<uint8_t> tree;
+    if (with_tree) tree = random_tree(T, &depth);
+    const uint8_t* tp = with_tree ? tree.data() : nullptr;
+    Vec out(Hq * T * D), kt(KV * D * ld);
+    const float scale = 0.125f;
+    specd_attention(q.data(), T * D, D, k.data(), S * D, D, v.data(), S * D, D, out.data(), T * D,
+                    D, tp, Hq, KV, T, past, scale, kt.data(), ld, 3);
+    std::vector<double> want(Hq * T * D), qd(D);
+    for (int64_t h = 0; h < Hq; h++)
+        for (int64_t i = 0; i < T; i++) {
+            std::vector<bool> seen(S);
+            for (int64_t j = 0; j < S; j++) seen[j] = sees(tp, T, past, i, j);
+            for (int64_t d = 0; d < D; d++) qd[d] = q[(h * T + i) * D + d];
+            const int64_t g = h / (Hq / KV);
+            attend(qd.data(), &k[g * S * D], &v[g * S * D], D, S, D, scale, seen,
+                   &want[(h * T + i) * D]);
+        }
+    return rel_err(out.data(), want.data(), out.size());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    double tolerance = 1e-4;
+    if (argc > 2 || (argc == 2 && (tolerance = atof(argv[1])) <= 0.0)) {
+        fprintf(stderr, "usage: %s [tolerance > 0]\n", argv[0]);
+        return 2;
+    }
+    int passes = 0;
+    const Model wide = make_model(2, 128, 192, 6, 2, 64, 100, false);  // blocked scores
+    const Model narrow = make_model(2, 64, 96, 4, 1, 16, 77, true);    // biases, 16-wide heads
+    double step = check_step(wide, &passes);
+    const double step_narrow = check_step(narrow, &passes);
+    step = step_narrow > step || step_narrow != step_narrow ? step_narrow : step;
+    const struct {
+        int64_t T, past, Hq, KV;
+        bool tree;
+    } shapes[] = {{1, 40, 2, 1, false}, {3, 0, 2, 2, false}, {16, 0, 9, 3, false},
+                  {65, 0, 4, 4, false}, {130, 0, 4, 2, false}, {37, 5, 9, 3, false},
+                  {100, 150, 6, 2, false}, {20, 0, 6, 2, true}, {20, 50, 6, 2, true},
+                  {70, 100, 4, 2, true}};
+    double attention = 0.0;
+    for (const auto& s : shapes) {
+        const double e = check_attention(s.T, s.past, s.Hq, s.KV, s.tree);
+        attention = e > attention || e != e ? e : attention;
+    }
+    const bool ok = step <= tolerance && attention <= tolerance;
+    printf("specd kernels, %s: step %.2e over %d passes, attention %.2e over %d shapes "
+           "(largest error relative to the largest value; tolerance %.0e): %s\n",
+           specd_kernel_isa(), step, passes, attention, (int)(sizeof(shapes) / sizeof(shapes[0])),
+           tolerance, ok ? "ok" : "FAILED");
+    return ok ? 0 : 1;
+}

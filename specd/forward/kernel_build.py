@@ -1,0 +1,161 @@
+"""Which of specd's CPU kernel builds this CPU runs, and building one: the kernels
+(``csrc/``) are written once over ``csrc/vec.h`` and compiled per instruction set with the
+machine's C++ compiler into one library per instruction set, kept in the cache directory
+(:func:`specd.paths.cache_dir`) under a name keyed by the sources, the flags and the compiler.
+
+- ``avx512``: x86-64 with AVX-512 F/BW/DQ/VL (what PyTorch reports as ``AVX512``);
+- ``avx2``: x86-64 with AVX2 and FMA (PyTorch's ``AVX2``);
+- ``neon``: ARM64 (``aarch64``, ``arm64``), where NEON is part of every CPU;
+- ``scalar``: plain C++, any CPU; a reference, used only when asked for.
+
+The best one this CPU runs is chosen; ``SPECD_KERNEL_ISA`` asks for one by name, and is
+refused, saying why, where this CPU cannot run it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger("specd.forward.cpu_kernels")
+
+CSRC = Path(__file__).with_name("csrc")
+#: The kernels' sources, built into one library; the header is part of the build's key.
+SOURCES = (CSRC / "attention.cpp", CSRC / "decode_step.cpp")
+HEADERS = (CSRC / "vec.h",)
+#: The instruction sets the kernels are built for, best first.
+ISAS = ("avx512", "avx2", "neon", "scalar")
+#: Each instruction set's compiler flags (NEON needs none on ARM64).
+ISA_FLAGS = {
+    "avx512": ("-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mfma"),
+    "avx2": ("-mavx2", "-mfma"),
+    "neon": (),
+    "scalar": (),
+}
+FLAGS = ("-O3", "-std=c++17", "-fopenmp", "-shared", "-fPIC")
+#: ``SPECD_CPU_KERNELS`` values that turn the kernels off.
+OFF = ("0", "off", "false", "no")
+#: About how long a build takes (2 busy cores of an EPYC: 4-9 s), for the line logged before.
+BUILD_SECONDS = 10
+
+
+class Unavailable(Exception):
+    """This machine or setting does not use the kernels (not an error)."""
+
+
+def host() -> str:
+    """This CPU in a few words: its architecture and, on x86-64, what PyTorch found in it."""
+    machine = platform.machine()
+    if machine.lower() in ("x86_64", "amd64"):
+        return f"{machine} offering {torch.backends.cpu.get_cpu_capability()}"
+    return machine
+
+
+def runnable() -> tuple[str, ...]:
+    """The instruction sets this CPU runs, best first (``scalar`` last, on any CPU)."""
+    machine = platform.machine().lower()
+    if machine in ("x86_64", "amd64"):
+        capability = torch.backends.cpu.get_cpu_capability()
+        found = ("avx512", "avx2") if capability.startswith("AVX512") else ()
+        found = found or (("avx2",) if capability.startswith("AVX2") else ())
+        return (*found, "scalar")
+    if machine in ("aarch64", "arm64"):
+        return ("neon", "scalar")
+    return ("scalar",)
+
+
+def choose() -> str:
+    """The instruction set to build for: ``SPECD_KERNEL_ISA`` where set, else the best this
+    CPU runs.
+
+    :raises Unavailable: kernels turned off, an unknown or unrunnable ``SPECD_KERNEL_ISA``,
+        or a CPU none of the vector builds runs on.
+    """
+    if os.environ.get("SPECD_CPU_KERNELS", "").strip().lower() in OFF:
+        raise Unavailable("turned off by SPECD_CPU_KERNELS")
+    asked = os.environ.get("SPECD_KERNEL_ISA", "").strip().lower()
+    here = runnable()
+    if asked:
+        if asked not in ISAS:
+            raise Unavailable(f"SPECD_KERNEL_ISA={asked!r} is not one of {', '.join(ISAS)}")
+        if asked not in here:
+            raise Unavailable(
+                f"SPECD_KERNEL_ISA={asked} asks for code this CPU cannot run ({host()}; it "
+                f"runs {', '.join(here)})"
+            )
+        return asked
+    if here[0] == "scalar":
+        raise Unavailable(
+            f"no vector kernels for this CPU ({host()}): they need x86-64 with AVX2 and FMA "
+            f"or AVX-512, or ARM64"
+        )
+    return here[0]
+
+
+def compiler() -> str:
+    """The C++ compiler: ``$CXX``, else ``c++`` or ``g++`` on the path.
+
+    :raises Unavailable: none found.
+    """
+    named = os.environ.get("CXX")
+    if named:
+        found = shutil.which(named)
+        if not found:
+            raise Unavailable(f"the C++ compiler CXX={named!r} was not found")
+        return found
+    cxx = shutil.which("c++") or shutil.which("g++")
+    if not cxx:
+        raise Unavailable("no C++ compiler (install g++, or set CXX)")
+    return cxx
+
+
+def command(cxx: str, isa: str, out: str, sources: tuple[Path, ...] = SOURCES) -> list[str]:
+    """The compiler's command line that builds ``sources`` for ``isa`` into ``out``."""
+    define = f"-DSPECD_ISA_{isa.upper()}"
+    return [cxx, *FLAGS, *ISA_FLAGS[isa], define, *map(str, sources), "-o", out]
+
+
+def build(isa: str) -> Path:
+    """The library of the kernels built for ``isa``, built now unless already cached (a line
+    is logged before a build starts).
+
+    :raises Unavailable: no compiler; RuntimeError: the build failed.
+    """
+    cxx = compiler()
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30)
+    key = hashlib.sha256()
+    for part in (
+        *(f.read_bytes() for f in (*SOURCES, *HEADERS)),
+        " ".join(command(cxx, isa, "")).encode(),
+        version.stdout.encode(),
+    ):
+        key.update(part)
+    from ..paths import cache_dir
+
+    where = cache_dir() / "kernels"
+    lib = where / f"kernels-{isa}-{key.hexdigest()[:16]}.so"
+    if lib.exists():
+        return lib
+    log.warning(
+        "building specd's CPU kernels for %s (once per machine, about %d s)", isa, BUILD_SECONDS
+    )
+    where.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=where)
+    os.close(fd)
+    try:
+        done = subprocess.run(command(cxx, isa, tmp), capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            raise RuntimeError(f"{cxx} failed: {done.stderr.strip()[-2000:]}")
+        os.replace(tmp, lib)  # atomic: another process building it at once is harmless
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return lib
