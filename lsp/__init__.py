@@ -10,7 +10,7 @@
   cache), ``debounce``;
 - the completion pipeline: ``completer``, ``prompting``, ``postprocess``, ``syntax``;
 - what every session shares: ``service`` (the engine, loaded behind ``initialize``, and the
-  generation worker), ``scheduler`` (that worker), ``config``, ``metrics``;
+  generation worker), ``runner`` (that worker, for both servers), ``config``, ``metrics``;
 - other ways to generate: ``http`` (``serve --http``), ``backend`` and ``backend_prompt``
   (``--backend``, a remote serving engine);
 - commands: ``commands`` (``serve``, ``complete`` and ``stats``, added to ``specd``

@@ -30,7 +30,17 @@ from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-from specd import BadInputError, Completion, Constraint, ContextLimits, Delta, SamplingParams, Stats
+from specd import (
+    BadInputError,
+    Completion,
+    Constraint,
+    ContextLimits,
+    Delta,
+    SamplingParams,
+    Stats,
+    find_stop,
+    held_back,
+)
 
 from . import prompting
 from .backend_prompt import SplitPrompt, split_prompt
@@ -283,8 +293,9 @@ class RemoteGeneration:
                     received += piece
                     finish = event_finish or finish
                     ids = self._specd_extension(event) or ids
-                    cut = _cut(received, self.stops)
-                    end = len(received) - _partial_stop(received, self.stops)
+                    at = find_stop(received, self.stops)
+                    cut = received[:at] if at >= 0 else None
+                    end = len(received) - held_back(received, self.stops, len(text))
                     release = (cut if cut is not None else received[:end])[len(text) :]
                     if release:
                         if not text:
@@ -373,23 +384,6 @@ def _events(response: http.client.HTTPResponse) -> Iterator[dict[str, Any]]:
             raise BackendError(f"the backend failed: {_message(data)}")
         if isinstance(event, dict):
             yield event
-
-
-def _cut(text: str, stops: Sequence[str]) -> str | None:
-    """``text`` cut before the first template stop string in it, or None."""
-    at = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
-    return None if at < 0 else text[:at]
-
-
-def _partial_stop(text: str, stops: Sequence[str]) -> int:
-    """The length of the longest end of ``text`` that begins a stop string."""
-    longest = 0
-    for stop in stops:
-        for n in range(min(len(stop) - 1, len(text)), longest, -1):
-            if text.endswith(stop[:n]):
-                longest = n
-                break
-    return longest
 
 
 def _message(raw: bytes) -> str:

@@ -22,60 +22,19 @@ from typing import Any
 
 from specd import SamplingParams, Stats
 
-from . import config, postprocess, prompting
+from . import postprocess, prompting
 from .cache import Entry
-from .config import Settings, prefix_tokens
-from .documents import Cursor, Document, Position
+from .config import Settings
+from .documents import Cursor, Document
 from .engines import CompletionEngine
 from .metrics import Metrics
+from .prompter import PrefixSize, Prompter
+from .prompter import chars_per_token as chars_per_token  # the server's, with cursor_at
+from .prompter import cursor_at as cursor_at
+from .runner import ServedGeneration
 from .workspace import WorkspaceIndex
 
 log = logging.getLogger(__name__)
-
-#: Text after the cursor copied out whatever the suffix budget: post-processing reads it
-#: so that a completion does not repeat what follows the cursor.
-MIN_AFTER_CHARS = 400
-#: The window's start moves in steps of this many lines at most (see :func:`cursor_at`),
-#: and a typical line of code has about ``LINE_CHARS`` characters.
-ALIGN_LINES, LINE_CHARS = 32, 40
-
-
-def cursor_at(
-    doc: Document,
-    pos: Position,
-    settings: Settings,
-    chars_per_token: float = prompting.CHARS_PER_TOKEN,
-    *,
-    ahead_chars: int = 0,
-) -> Cursor:
-    """The text around ``pos`` that a completion with these settings may use.
-
-    :param chars_per_token: the document's measured ratio. The text before the cursor is
-        cut (at an aligned line, see :meth:`Document.cursor`) to what fits the prefix
-        budget, so the prompt's token budget never has to cut it again: a cut by tokens
-        would move with every keystroke and invalidate the whole cached prompt. The line
-        steps by at most half the window's lines (32 at most): steps of 32 lines in a
-        window of 25 could leave the prompt nothing but the cursor's own line.
-    :param ahead_chars: where fewer than this many more characters typed before the cursor
-        would move the window's start down, the window after that step (what a warm-up
-        reads ahead of time, so the request after the step finds its prompt cached).
-    """
-    before = int(prefix_tokens(settings) * min(chars_per_token, prompting.CHARS_PER_TOKEN))
-    return doc.cursor(
-        pos,
-        before_chars=before,
-        after_chars=max(settings.suffix_tokens * prompting.CHARS_PER_TOKEN, MIN_AFTER_CHARS),
-        align_lines=max(4, min(ALIGN_LINES, before // (2 * LINE_CHARS))),
-        ahead_chars=ahead_chars,
-    )
-
-
-def chars_per_token(text: str, encode: Callable[[str], list[int]], sample: int = 20_000) -> float:
-    """Characters per token of ``text`` (its first ``sample`` characters), with a tenth
-    of margin so a window sized by it stays within its token budget."""
-    head = text[:sample]
-    n = len(encode(head)) if head.strip() else 0
-    return 0.9 * len(head) / n if n else float(prompting.CHARS_PER_TOKEN)
 
 
 def shape_of(req: CompletionRequest) -> postprocess.Shape:
@@ -144,6 +103,8 @@ class Completer:
 
     :param params: base sampling parameters (``max-tokens`` in the settings overrides
         their ``max_tokens``).
+    :param prefix_size: what ``prefix-tokens = "auto"`` stands for (the service's);
+        request prefills that read faster than any before size it again.
     """
 
     def __init__(
@@ -151,112 +112,30 @@ class Completer:
         engine: CompletionEngine,
         params: SamplingParams | None = None,
         metrics: Metrics | None = None,
+        prefix_size: PrefixSize | None = None,
     ) -> None:
         self.engine = engine
         self.params = params or SamplingParams()
         self.metrics = metrics or Metrics()
-        self.vocab = prompting.Vocabulary(engine.tokenize, engine.tokenizer)
-        self._templates: dict[str, prompting.Template | None] = {}
-
-    def template(self, setting: str) -> prompting.Template | None:
-        if setting not in self._templates:
-            self._templates[setting] = prompting.choose_template(self.vocab, setting)
-        return self._templates[setting]
+        self.prompter = Prompter(engine, prefix_size)
+        self.vocab = self.prompter.vocab
 
     def complete(self, req: CompletionRequest) -> CompletionResult:
         """Run one completion to its answer (and, with ``on_answer``, on in the background),
-        its cancellation, or its time budget."""
-        s = req.settings
+        its cancellation, or its time budget: build the prompt, fill the prefix cache,
+        generate, post-process, record."""
         if req.cancel.is_set():
             return self._cancelled(req)
         corpus = self._corpus(req)
         prompt = self._cold_start(req, self.build_prompt(req))
-        shape = shape_of(req)
-        params = self.params
-        if s.max_tokens is not None:
-            params = dataclasses.replace(params, max_tokens=s.max_tokens)
-
-        # prefill: unbudgeted, cancellable between chunks; a warm-up may have done it. In a
-        # plain prefill's chunks (a third faster than a warm-up's on a long prompt: only a
-        # newer request for the document, which needs the same tokens, interrupts it); the
-        # few tokens typed since go with the first step's draft (one forward, not two).
-        t0 = time.perf_counter()
-        reused, computed = self.engine.warm(prompt.ids, req.cancel, request=True)
-        prefill_s = time.perf_counter() - t0
+        reused, prefill_s = self._prefill(req, prompt)
         if req.cancel.is_set():
             return self._cancelled(req)
-        resized = config.observed_prefill(computed, prefill_s)
-        if resized is not None:
-            log.info(
-                "prefill %.0f tokens/s: prefix-tokens auto = %d", computed / prefill_s, resized
-            )
-
-        # Stopping early goes through the engine's cancel check (not gen.close()), so the
-        # generation still ends normally and reports its stats.
-        halt = threading.Event()
-        deadline = time.monotonic() + s.time_budget_ms / 1000
-        early = req.on_answer is not None  # answer at the first line
-        background = req.entry is not None  # past the answer, go on filling the cache
-        answer: CompletionResult | None = None
-
-        def stop() -> bool:
-            if halt.is_set() or req.cancel.is_set():
-                return True
-            return answer is None and time.monotonic() > deadline  # the budget: answers only
-
-        gen = self.engine.stream(
-            prompt.ids, params, cancel=stop, corpus=corpus, constraint=prompt.constraint
-        )
-        raw = ""
-        finish = ""
-        lines_seen = 0
-        for delta in gen:
-            if halt.is_set():
-                continue  # drain: the engine ends before its next target step
-            piece, stopped = self._cut_at_stop(delta, prompt.stop_ids)
-            raw += piece
-            shown = prompt.at_cursor(raw)  # without the text token healing writes again
-            if req.entry is not None:
-                req.entry.raw = shown
-            if stopped:
-                finish = "stop"
-            if answer is None:
-                done = stopped or postprocess.should_stop(shown, shape)
-                if done or (early and s.first_line and _first_line(shown, shape)):
-                    answer = self._answer(
-                        req, shown, shape, "stop" if stopped else "complete", done
-                    )
-                elif early and time.monotonic() > deadline:
-                    answer = self._answer(req, shown, shape, "time", False)
-                elif req.on_lines is not None and shown.count("\n") > lines_seen:
-                    lines_seen = shown.count("\n")
-                    req.on_lines(postprocess.finish(shown, shape))
-                if answer is not None and not background:
-                    halt.set()
-            elif stopped or shown.count("\n") > s.max_lines:
-                halt.set()  # the cache holds enough past the answer
-        completion = gen.completion
-        stats = completion.stats if completion is not None else None
-        if stats is not None:  # count the prefill done above as this request's own
-            stats.reused_tokens, stats.prefill_s = reused, prefill_s
-            stats.total_s += prefill_s
-            if stats.new_tokens:
-                stats.ttft_s += prefill_s
-        end = finish or (stats.finish_reason if stats is not None else "")
-        if end == "cancelled" and answer is None and not req.cancel.is_set():
-            end = "time"  # the deadline, checked in ``stop``
-        if req.entry is not None:
-            req.entry.finish_reason = end or "length"
-        if answer is None:
-            if req.cancel.is_set() and end in ("", "cancelled"):
-                return self._cancelled(req, stats)
-            answer = self._answer(req, prompt.at_cursor(raw), shape, end, True)
-        answer.raw_text = raw
-        answer.token_ids = list(completion.token_ids) if completion is not None else []
-        answer.template, answer.stats = prompt.template, stats
-        if stats is not None:
-            self.metrics.record(stats, text=answer.text)
-        return answer
+        run = self._generate(req, prompt, corpus)
+        stats = run.stats(reused, prefill_s)
+        if run.answer is None and req.cancel.is_set() and run.end in ("", "cancelled"):
+            return self._cancelled(req, stats)
+        return self._record(self._postprocess(run, stats))
 
     def warm(self, req: CompletionRequest) -> tuple[int, int]:
         """Prefill the prompt ``req`` would use, in the background (cancellable).
@@ -268,6 +147,115 @@ class Completer:
         # No refresh of the drafting index: the prompt does not depend on it, and
         # re-tokenizing the edited document could not be interrupted by a request.
         return self.engine.warm(self.build_prompt(req).ids, req.cancel)
+
+    def build_prompt(
+        self, req: CompletionRequest, budget: prompting.Budget | None = None
+    ) -> prompting.Prompt:
+        """The prompt for ``req``, within ``budget`` (default: the request's settings)."""
+        s = req.settings
+        budget = budget or self.prompter.budget(s)
+        files = (
+            (prompting.display_path(doc.uri, req.root_uri), self._head(req, doc, budget))
+            for doc in req.others
+        )
+        others = self.prompter.context(files, budget.context_tokens, most=8)
+        return self.prompter.build(s, req.cursor, path=req.path, others=others, budget=budget)
+
+    # -- the steps ------------------------------------------------------------------------
+
+    def _prefill(self, req: CompletionRequest, prompt: prompting.Prompt) -> tuple[int, float]:
+        """Look the prompt up in the prefix cache and compute what it lacks: unbudgeted,
+        cancellable between chunks (a warm-up may have done it all). In a plain prefill's
+        chunks (a third faster than a warm-up's on a long prompt: only a newer request for
+        the document, which needs the same tokens, interrupts it); the few tokens typed
+        since go with the first step's draft (one forward, not two). The time it took
+        sizes ``prefix-tokens = "auto"`` again where it was the fastest yet.
+
+        :returns: (tokens the cache held, seconds it took).
+        """
+        t0 = time.perf_counter()
+        reused, computed = self.engine.warm(prompt.ids, req.cancel, request=True)
+        seconds = time.perf_counter() - t0
+        if not req.cancel.is_set():
+            resized = self.prompter.prefix_size.observed(computed, seconds)
+            if resized is not None:
+                log.info(
+                    "prefill %.0f tokens/s: prefix-tokens auto = %d", computed / seconds, resized
+                )
+        return reused, seconds
+
+    def _generate(self, req: CompletionRequest, prompt: prompting.Prompt, corpus: Any) -> _Run:
+        """Generate, post-processing the text as it grows (:meth:`_take`). The generation
+        ends at the answer, or past it once the completion cache holds enough; at the
+        time budget while nothing has answered; at a template stop token; at a cancel."""
+        s = req.settings
+        params = self.params
+        if s.max_tokens is not None:
+            params = dataclasses.replace(params, max_tokens=s.max_tokens)
+        run = _Run(req, prompt, shape_of(req), time.monotonic() + s.time_budget_ms / 1000)
+        run.generation = ServedGeneration(
+            prompt.ids,
+            params,
+            stop_ids=prompt.stop_ids,
+            should_stop=run.over_budget,
+            corpus=corpus,
+            constraint=prompt.constraint,
+        )
+        for delta in run.generation.run(self.engine, req.cancel):
+            self._take(run, delta.text)
+        return run
+
+    def _take(self, run: _Run, piece: str) -> None:
+        """One more piece of text: answer once the first line is complete (or the shape
+        is), send finished lines as partial results, and halt the generation once nothing
+        more is wanted (the answer is out and no cache entry waits, or the entry holds
+        more lines than any answer shows)."""
+        req, s, gen = run.req, run.req.settings, run.generation
+        stopped = gen.reason == "stop"  # cut before a template stop token
+        run.raw += piece
+        shown = run.prompt.at_cursor(run.raw)  # without the text token healing writes again
+        if req.entry is not None:
+            req.entry.raw = shown
+        if run.answer is not None:
+            if stopped or shown.count("\n") > s.max_lines:
+                gen.halt()  # the cache holds enough past the answer
+            return
+        early = req.on_answer is not None  # answer at the first line
+        done = stopped or postprocess.should_stop(shown, run.shape)
+        if done or (early and s.first_line and _first_line(shown, run.shape)):
+            finish = "stop" if stopped else "complete"
+            run.answer = self._answer(req, shown, run.shape, finish, done)
+        elif early and time.monotonic() > run.deadline:
+            run.answer = self._answer(req, shown, run.shape, "time", False)
+        elif req.on_lines is not None and shown.count("\n") > run.lines_seen:
+            run.lines_seen = shown.count("\n")
+            req.on_lines(postprocess.finish(shown, run.shape))
+        if run.answer is not None and req.entry is None:
+            gen.halt()  # nothing goes on past the answer
+
+    def _postprocess(self, run: _Run, stats: Stats | None) -> CompletionResult:
+        """The answer once the generation has ended (the one given at the first line, or
+        the whole text post-processed), with what the model wrote; the cache entry learns
+        how the generation ended."""
+        req, completion = run.req, run.generation.completion
+        end = run.end
+        if req.entry is not None:
+            req.entry.finish_reason = end or "length"
+        answer = run.answer
+        if answer is None:
+            answer = self._answer(req, run.prompt.at_cursor(run.raw), run.shape, end, True)
+        answer.raw_text = run.raw
+        answer.token_ids = list(completion.token_ids) if completion is not None else []
+        answer.template, answer.stats = run.prompt.template, stats
+        return answer
+
+    def _record(self, answer: CompletionResult) -> CompletionResult:
+        """Count the answer's stats in the metrics. :returns: the answer."""
+        if answer.stats is not None:
+            self.metrics.record(answer.stats, text=answer.text)
+        return answer
+
+    # -- parts of the steps ---------------------------------------------------------------
 
     def _answer(
         self, req: CompletionRequest, raw: str, shape: postprocess.Shape, finish: str, done: bool
@@ -287,10 +275,19 @@ class Completer:
         return result
 
     def _corpus(self, req: CompletionRequest) -> Any:
+        """The drafting index's corpus, refreshed (before the prompt, which reads its
+        tokens), when workspace drafting is on."""
         if req.workspace is not None and req.settings.workspace_drafting:
             req.workspace.refresh()
             return req.workspace.corpus
         return None
+
+    def _head(self, req: CompletionRequest, doc: Document, budget: prompting.Budget) -> Any:
+        """The start of another document as context: the drafting index's tokens of it,
+        else its text."""
+        if req.workspace is not None:
+            return req.workspace.head_tokens(doc, budget.context_tokens)
+        return doc.head(budget.context_tokens * prompting.CHARS_PER_TOKEN)
 
     def _cancelled(self, req: CompletionRequest, stats: Stats | None = None) -> CompletionResult:
         if req.entry is not None:
@@ -315,49 +312,43 @@ class Completer:
         self.metrics.count("cold_prompts")
         return short
 
-    def build_prompt(
-        self, req: CompletionRequest, budget: prompting.Budget | None = None
-    ) -> prompting.Prompt:
-        """The prompt for ``req``, within ``budget`` (default: the request's settings)."""
-        s = req.settings
-        if budget is None:
-            budget = prompting.Budget(prefix_tokens(s), s.suffix_tokens, s.context_tokens)
-        others: list[prompting.ContextDocument] = []
-        if budget.context_tokens:
-            for doc in req.others:
-                if len(others) >= 8:
-                    break
-                if req.workspace is not None:
-                    ids = req.workspace.head_tokens(doc, budget.context_tokens)
-                else:
-                    head = doc.head(budget.context_tokens * prompting.CHARS_PER_TOKEN)
-                    ids = self.vocab.encode(head)[: budget.context_tokens]
-                if ids:
-                    others.append(
-                        prompting.ContextDocument(
-                            prompting.display_path(doc.uri, req.root_uri), ids
-                        )
-                    )
-        return prompting.build(
-            self.template(s.fim),
-            self.vocab,
-            req.cursor,
-            path=req.path,
-            others=others,
-            budget=budget,
-            heal=self.engine.heal if s.token_healing else None,
-        )
 
-    def _cut_at_stop(self, delta: Any, stop_ids: frozenset[int]) -> tuple[str, bool]:
-        """The delta's text, cut before a template stop token (``<file_sep>``...)."""
-        if not stop_ids:
-            return delta.text, False
-        for i, t in enumerate(delta.token_ids):
-            if t in stop_ids:
-                return self.engine.tokenizer.decode(
-                    delta.token_ids[:i], skip_special_tokens=True
-                ), True
-        return delta.text, False
+@dataclass
+class _Run:
+    """One completion while it generates: what the model wrote, and the answer once given."""
+
+    req: CompletionRequest
+    prompt: prompting.Prompt
+    shape: postprocess.Shape
+    #: the time budget's end (``time.monotonic()``); it bounds the answer, not the cache
+    deadline: float
+    generation: ServedGeneration = field(init=False)
+    raw: str = ""
+    answer: CompletionResult | None = None
+    lines_seen: int = 0
+
+    def over_budget(self, text: str) -> str:
+        """Checked before every target step: ``"time"`` once the budget is spent while
+        nothing has answered (a completion that has answered goes on for the cache)."""
+        return "time" if self.answer is None and time.monotonic() > self.deadline else ""
+
+    @property
+    def end(self) -> str:
+        """How the generation ended: this side's reason (stop, time), else the engine's."""
+        c = self.generation.completion
+        return self.generation.reason or (c.stats.finish_reason if c is not None else "")
+
+    def stats(self, reused: int, prefill_s: float) -> Stats | None:
+        """The generation's stats, the prefill done before it counted as its own."""
+        c = self.generation.completion
+        if c is None:
+            return None
+        stats = c.stats
+        stats.reused_tokens, stats.prefill_s = reused, prefill_s
+        stats.total_s += prefill_s
+        if stats.new_tokens:
+            stats.ttft_s += prefill_s
+        return stats
 
 
 def _first_line(raw: str, shape: postprocess.Shape) -> bool:

@@ -24,53 +24,13 @@ NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 
 #: ``prefix-tokens = "auto"``: the prompt's text before the cursor is sized so that a
 #: prompt of which nothing is cached (a file just opened) is read in about this long, as
-#: the daemon measured its prefill at load: the largest of these sizes that fits (coarse,
-#: so that the noise of one measurement rarely moves it), the smallest where none does,
-#: and the largest where nothing was measured (a remote backend, ``specd complete``).
+#: the server measured its prefill at load: the largest of these sizes that fits
+#: (:class:`specd.lsp.prompter.PrefixSize` keeps the measurement, on the service).
 #: 0.8 s rather than a second: the 256-token probe reads faster than a longer prompt, and
 #: on a 2-core EPYC that measured 720-780 tokens/s a second's worth flipped between 512
 #: and 768 tokens from one start to the next (a first request of 0.9 s or 1.3 s).
 COLD_READ_S = 0.8
 AUTO_PREFIX_SIZES = (256, 384, 512, 768, 1024, 1536)
-#: A request's prefill of at least this many tokens measures the speed again (see
-#: :func:`observed_prefill`); shorter ones read at a different rate per token.
-OBSERVE_MIN_TOKENS = 192
-_auto_prefix = [AUTO_PREFIX_SIZES[-1]]
-_best_rate = [0.0]  # the fastest prefill measured, tokens/s (0: nothing measured)
-
-
-def measured_prefill(tokens_per_s: float) -> int:
-    """Size ``prefix-tokens = "auto"`` from a measured prefill speed. :returns: the size."""
-    _best_rate[0] = tokens_per_s
-    fits = [n for n in AUTO_PREFIX_SIZES if n <= tokens_per_s * COLD_READ_S]
-    _auto_prefix[0] = fits[-1] if fits else AUTO_PREFIX_SIZES[0]
-    return _auto_prefix[0]
-
-
-def observed_prefill(tokens: int, seconds: float) -> int | None:
-    """A request's prefill, timed. Other work on the machine only slows a prefill, so the
-    fastest one measured is the best estimate of what a cold read costs: the probe at
-    start can catch a busy moment (on a shared 2-core machine it measured 480 tokens/s
-    where requests then read 700) and would size every prompt of the session small.
-    Where this prefill was faster than any measurement before, ``auto`` is sized again.
-
-    :returns: the new size where it changed, else None (also where nothing was measured
-        at start: ``auto`` then stands for the largest size and stays so).
-    """
-    if tokens < OBSERVE_MIN_TOKENS or seconds <= 0 or not _best_rate[0]:
-        return None
-    rate = tokens / seconds
-    if rate <= _best_rate[0]:
-        return None
-    old = _auto_prefix[0]
-    new = measured_prefill(rate)
-    return new if new != old else None
-
-
-def prefix_tokens(settings: Settings) -> int:
-    """``settings.prefix_tokens``, with "auto" resolved."""
-    n = settings.prefix_tokens
-    return _auto_prefix[0] if n == "auto" else n
 
 
 class Settings(

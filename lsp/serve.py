@@ -13,12 +13,15 @@ import os
 import sys
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specd import BadInputError, ModelNotFoundError
 from specd.options import EXIT_BAD_INPUT, build_engine, sampling_params
 
 from . import config
+
+if TYPE_CHECKING:
+    from .prompter import PrefixSize
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +59,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         except BadInputError as e:
             raise BadInputError(str(e).replace("--tcp", "--http", 1)) from None
         engine = build_engine(args, **cache)
-        warm_up(engine)
-        gc.freeze()  # see _load
         return _serve_http(engine, params, settings, address, args.queue)
     sock = listen(*address) if address else None
 
@@ -101,7 +102,7 @@ def _load(service: Any, args: argparse.Namespace, cache: dict[str, int]) -> None
     t0 = time.perf_counter()
     try:
         engine = build_engine(args, **cache)
-        warm_up(engine)
+        warm_up(engine, service.prefix_size)
         engine = with_backend(args, engine)
     except BaseException as exc:  # noqa: BLE001 - reported, then the process ends
         service.load_failed(exc)
@@ -123,6 +124,8 @@ def _serve_http(
     from .http import HttpService, run_http
 
     service = HttpService(engine, params, settings=settings, queue_limit=queue)
+    warm_up(engine, service.prefix_size)
+    gc.freeze()  # see _load
 
     def ready(host: str, port: int) -> None:
         print(f"specd: serving HTTP on http://{host}:{port}", file=sys.stderr, flush=True)
@@ -153,9 +156,12 @@ def with_backend(args: argparse.Namespace, engine: Any) -> Any:
     return backend
 
 
-def warm_up(engine: Any) -> None:
+def warm_up(engine: Any, prefix_size: PrefixSize) -> None:
     """One tiny generation, so the first real request does not pay for lazy setup; then a
-    timed prefill into an empty cache, which sizes ``prefix-tokens = "auto"``."""
+    timed prefill into an empty cache, which sizes ``prefix-tokens = "auto"``.
+
+    :param prefix_size: the service's, sized by the measured prefill.
+    """
     from specd import SamplingParams
 
     line = engine.tokenize("def main():\n") or [0]
@@ -172,7 +178,7 @@ def warm_up(engine: Any) -> None:
         if n == PREFILL_PROBE:
             rate = max(rate, (n - 1) / max(time.perf_counter() - t0, 1e-6))
     engine.prefix_cache.clear()
-    size = config.measured_prefill(rate)
+    size = prefix_size.measured(rate)
     log.info("prefill %.0f tokens/s: prefix-tokens auto = %d", rate, size)
 
 

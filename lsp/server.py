@@ -33,7 +33,7 @@ from .config import overlay
 from .documents import UTF16, DocumentStore, Position
 from .prompting import display_path
 from .rpc import SpecdProtocol
-from .scheduler import Job
+from .runner import Job
 from .service import Service
 from .warmup import AHEAD_CHARS, Background, cursor_after
 from .workspace import WorkspaceIndex
@@ -214,7 +214,9 @@ class SpecdServer(Answers, LanguageServer):
             else:
                 ratio = chars_per_token(doc.head(20_000), self.service.tokenize)
                 self._chars_per_token[uri] = ratio
-        cursor = cursor_at(doc, pos, s, ratio, ahead_chars=ahead_chars)
+        cursor = cursor_at(
+            doc, pos, s, ratio, ahead_chars=ahead_chars, prefix_size=self.service.prefix_size
+        )
         others = sorted(self.documents.others(uri), key=lambda d: d.language_id != doc.language_id)
         return CompletionRequest(
             cursor,
@@ -260,6 +262,7 @@ class SpecdServer(Answers, LanguageServer):
 
         job = Job(
             key=self._key(request.uri),
+            client=str(self.session_id),
             run=lambda job: self.service.completer.complete(request),
             done=done,
             cancel_event=request.cancel,

@@ -11,12 +11,12 @@ from typing import Any, cast
 
 from specd import Completion, Constraint, ContextLimits, SamplingParams
 
-from . import config
 from .completer import Completer
 from .config import Settings
 from .engines import CacheCounters, Cancel, CompletionEngine, GenerationStream
 from .metrics import Metrics
-from .scheduler import Worker
+from .prompter import PrefixSize
+from .runner import Runner
 
 log = logging.getLogger(__name__)
 
@@ -103,8 +103,8 @@ class _CompleterWhenLoaded:
 
 
 class Service:
-    """What every session shares: one engine, one generation worker, the metrics, and the
-    settings read from the settings file.
+    """What every session shares: one engine, one generation worker, the metrics, the
+    settings read from the settings file, and what was measured at load.
 
     :param params: base sampling parameters for completions.
     :param settings: defaults for every session (from the TOML file).
@@ -121,13 +121,16 @@ class Service:
     ) -> None:
         self.metrics = Metrics()
         self.params = params
+        #: what ``prefix-tokens = "auto"`` stands for: measured at load (``serve.warm_up``)
+        #: and again by a request whose prefill was faster
+        self.prefix_size = PrefixSize()
         self._engine: CompletionEngine | None = None
         self._completer: Completer | None = None
         self._loaded = threading.Event()
         self._load_error: BaseException | None = None
         if engine is not None:
             self.attach(engine)
-        self.worker = Worker(
+        self.worker = Runner(
             on_start=self.metrics.generation_started, on_end=self.metrics.generation_ended
         )
         self.settings = settings or Settings()
@@ -141,7 +144,7 @@ class Service:
 
     def attach(self, engine: CompletionEngine) -> None:
         """The engine is loaded: requests waiting for it go ahead."""
-        self._completer = Completer(engine, self.params, self.metrics)
+        self._completer = Completer(engine, self.params, self.metrics, self.prefix_size)
         self._engine = engine
         self._loaded.set()
 
@@ -199,7 +202,7 @@ class Service:
     def stats(self) -> dict[str, Any]:
         report = self.metrics.snapshot(self._engine.prefix_cache if self._engine else None)
         # what ``prefix-tokens = "auto"`` stands for on this machine (measured at load)
-        report["prompt"] = {"auto_prefix_tokens": config.prefix_tokens(config.Settings())}
+        report["prompt"] = {"auto_prefix_tokens": self.prefix_size.tokens}
         return report
 
     def close(self) -> None:

@@ -32,7 +32,7 @@ from .debounce import Rhythm
 from .documents import Document, Position
 from .metrics import Metrics
 from .postprocess import after_word
-from .scheduler import Job, Worker
+from .runner import Job, Runner
 
 #: an edit this many lines from the last warmed position is warmed at once
 FAR_LINES = 24
@@ -62,7 +62,7 @@ class Background:
 
     def __init__(
         self,
-        worker: Worker,
+        worker: Runner,
         completer: Completer,
         metrics: Metrics,
         *,

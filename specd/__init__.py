@@ -20,6 +20,7 @@ from .ngram_index import CorpusIndex, NgramIndex
 from .registry import make_drafter
 from .sampling import SamplingParams, sample, warp
 from .stats import Stats, percentile
+from .textstream import find_stop, held_back
 
 __version__ = "0.1.0"
 
@@ -49,6 +50,8 @@ __all__ = [
     "UnknownPluginError",
     "Verdict",
     "Verifier",
+    "find_stop",
+    "held_back",
     "hookimpl",
     "make_drafter",
     "percentile",

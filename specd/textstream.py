@@ -5,11 +5,33 @@ not a possible beginning of a stop string. Each token decodes two short windows 
 released tokens, and those plus the new ones), so the cost per token does not grow with
 the length of the output and tokenizers that drop a leading space at the start of a
 decode (SentencePiece) still join correctly.
+
+The two rules about stop strings are functions of their own (:func:`find_stop`,
+:func:`held_back`), for text that arrives as text: a remote server's stream.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+
+def find_stop(text: str, stops: Sequence[str], start: int = 0) -> int:
+    """Where the first stop string in ``text[start:]`` begins, or -1 when there is none."""
+    at = [i for i in (text.find(s, start) for s in stops) if i >= 0]
+    return min(at, default=-1)
+
+
+def held_back(text: str, stops: Sequence[str], released: int = 0) -> int:
+    """How many characters at the end of ``text`` to hold back: the longest end that
+    could still grow into a stop string, no further back than ``released`` (text already
+    released stays so)."""
+    longest = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text) - released), longest, -1):
+            if text.endswith(s[:k]):
+                longest = k
+                break
+    return longest
 
 
 class TextStream:
@@ -55,12 +77,7 @@ class TextStream:
 
     def _find_stop(self) -> bool:
         horizon = max(len(s) for s in self.stop)
-        lo = max(0, self._sent - horizon)
-        cut = -1
-        for s in self.stop:
-            i = self._text.find(s, lo)
-            if i >= 0 and (cut < 0 or i < cut):
-                cut = i
+        cut = find_stop(self._text, self.stop, max(0, self._sent - horizon))
         if cut < 0:
             return False
         self._text = self._text[:cut]
@@ -70,12 +87,7 @@ class TextStream:
     def _release(self) -> str:
         end = len(self._text)
         if not self.stopped:
-            for s in self.stop:
-                # hold back a suffix that could still grow into this stop string
-                for k in range(min(len(s) - 1, end - self._sent), 0, -1):
-                    if self._text.endswith(s[:k]):
-                        end = min(end, len(self._text) - k)
-                        break
+            end -= held_back(self._text, self.stop, self._sent)
         end = max(end, self._sent)
         out = self._text[self._sent : end]
         self._sent = end

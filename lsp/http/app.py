@@ -14,8 +14,8 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from specd import BadInputError, ContextLengthExceeded
 
+from ..runner import QueueFull
 from . import llama, openai
-from .runner import QueueFull
 from .schema import BadRequest
 from .service import MAX_BODY_BYTES, SERVICE, HttpService
 

@@ -40,9 +40,9 @@ from typing import Any
 from aiohttp import web
 
 from ..prompting import Prompt
-from .runner import Job
+from ..runner import ServedGeneration
 from .schema import InfillBody, decode
-from .service import SERVICE, HttpService
+from .service import SERVICE, HttpService, request_params
 
 #: the engine's finish reasons -> llama.cpp's ``stop_type``
 STOP_TYPE = {"eos": "eos", "stop": "word", "length": "limit", "time": "limit", "indent": "limit"}
@@ -52,17 +52,18 @@ async def infill(request: web.Request) -> web.StreamResponse:
     """``POST /infill``."""
     svc: HttpService = request.app[SERVICE]
     body = decode(await svc.body(request), InfillBody)
-    job, prompt, truncated = _job(svc, body, client=svc.client_of(request))
+    gen, prompt, truncated = _generation(svc, body)
+    client = svc.client_of(request)
     warm = body.n_predict == 0
     if not body.stream:
-        text, _ = await svc.collect(job)
+        text, _ = await svc.collect(gen, client)
         text = "" if warm else cut_indent(prompt.at_cursor(text), body.n_indent)
-        return _reply(svc, _result(svc, job, text, truncated, warm), body.response_fields)
+        return _reply(svc, _result(svc, gen, text, truncated, warm), body.response_fields)
 
     # The response starts with the first event, so a full queue can still answer 503.
     response: web.StreamResponse | None = None
     held = sent = ""
-    stream = svc.runner.stream(job)
+    stream = svc.stream(gen, client)
     async with contextlib.aclosing(stream):  # type: ignore[type-var]
         async for delta in stream:
             held += delta.text
@@ -76,7 +77,7 @@ async def infill(request: web.Request) -> web.StreamResponse:
                 response = response or await svc.start_sse(request)
                 await svc.send_event(response, {"content": ready, "stop": False, "id_slot": 0})
     final = "" if warm else cut_indent(prompt.at_cursor(held), body.n_indent)
-    last = _result(svc, job, final, truncated, warm)
+    last = _result(svc, gen, final, truncated, warm)
     last["content"] = final[len(sent) :]
     response = response or await svc.start_sse(request)
     await svc.send_event(response, _fields(last, body.response_fields))
@@ -84,7 +85,7 @@ async def infill(request: web.Request) -> web.StreamResponse:
     return response
 
 
-def _job(svc: HttpService, body: InfillBody, *, client: str) -> tuple[Job, Prompt, bool]:
+def _generation(svc: HttpService, body: InfillBody) -> tuple[ServedGeneration, Prompt, bool]:
     base, limits = svc.params, svc.limits
     if body.n_predict == 0:
         max_tokens = 1
@@ -101,16 +102,17 @@ def _job(svc: HttpService, body: InfillBody, *, client: str) -> tuple[Job, Promp
         before, body.input_suffix[:n], extra=extra, heal=True, room=room
     )
     truncated = truncated or len(body.input_prefix) + len(body.prompt) > n
-    # SamplingParams refuses a bad value with a BadInputError naming it (a 400)
-    params = dataclasses.replace(
+    params = request_params(
         base,
         max_tokens=limits.cap(len(prompt.ids), max_tokens),
-        temperature=body.temperature if body.temperature is not None else base.temperature,
-        top_k=body.top_k if body.top_k is not None else base.top_k,
-        top_p=body.top_p if body.top_p is not None else base.top_p,
-        seed=_seed(body.seed, base.seed),
-        stop=tuple(body.stop) if body.stop else base.stop,
+        temperature=body.temperature,
+        top_k=body.top_k,
+        top_p=body.top_p,
+        seed=None if body.seed == -1 else body.seed,
+        stop=body.stop or None,  # an empty list keeps the server's
     )
+    if body.seed == -1:  # llama.cpp's "a random seed"
+        params = dataclasses.replace(params, seed=None)
     rule = None if body.n_predict == 0 else _stop_rule(body.t_max_predict_ms, body.n_indent)
     stop = None
     if rule is not None:
@@ -118,16 +120,10 @@ def _job(svc: HttpService, body: InfillBody, *, client: str) -> tuple[Job, Promp
         def stop(text: str) -> str:  # judged on what the client gets: not the healed text
             return rule(prompt.at_cursor(text))
 
-    job = Job(prompt.ids, params, client, stop_ids=prompt.stop_ids, should_stop=stop)
-    job.constraint = prompt.constraint
-    return job, prompt, truncated
-
-
-def _seed(seed: int | None, default: int | None) -> int | None:
-    """llama.cpp's seed: -1 draws a random one; none given, the server's."""
-    if seed is None:
-        return default
-    return None if seed == -1 else seed
+    gen = ServedGeneration(
+        prompt.ids, params, stop_ids=prompt.stop_ids, should_stop=stop, constraint=prompt.constraint
+    )
+    return gen, prompt, truncated
 
 
 def _stop_rule(t_max_predict_ms: int, n_indent: int) -> Callable[[str], str] | None:
@@ -164,10 +160,10 @@ def cut_indent(text: str, n_indent: int) -> str:
 
 
 def _result(
-    svc: HttpService, job: Job, content: str, truncated: bool, warm: bool
+    svc: HttpService, gen: ServedGeneration, content: str, truncated: bool, warm: bool
 ) -> dict[str, Any]:
     """llama.cpp's final /infill object (``warm``: a context-only request)."""
-    c = job.completion
+    c = gen.completion
     if c is None:  # the generation raised before it began; the handler has answered
         return {"content": content, "stop": True}
     s = c.stats

@@ -23,9 +23,9 @@ from aiohttp import web
 
 from specd import Completion, SamplingParams
 
-from .runner import Job
+from ..runner import ServedGeneration
 from .schema import BadRequest, CompletionBody, decode
-from .service import SERVICE, HttpService
+from .service import SERVICE, HttpService, request_params
 
 #: the engine's finish reasons -> OpenAI's
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "time": "length", "complete": "stop"}
@@ -47,16 +47,17 @@ async def completions(request: web.Request) -> web.StreamResponse:
     """``POST /v1/completions``."""
     svc: HttpService = request.app[SERVICE]
     body = decode(await svc.body(request), CompletionBody)
-    job = _job(svc, body, client=svc.client_of(request))
+    gen = _generation(svc, body)
+    client = svc.client_of(request)
     cid = f"cmpl-{uuid.uuid4().hex[:24]}"
     head = {"id": cid, "object": "text_completion", "created": int(time.time())}
     head["model"] = svc.model_name
     if not body.stream:
-        text, ids = await svc.collect(job)
-        choice = {"text": text, "index": 0, "logprobs": None, "finish_reason": _finish(job)}
-        return svc.json({**head, "choices": [choice], **_tail(job)})
+        text, ids = await svc.collect(gen, client)
+        choice = {"text": text, "index": 0, "logprobs": None, "finish_reason": _finish(gen)}
+        return svc.json({**head, "choices": [choice], **_tail(gen)})
 
-    stream = svc.runner.stream(job)
+    stream = svc.stream(gen, client)
     response: web.StreamResponse | None = None
     async with contextlib.aclosing(stream):  # type: ignore[type-var]
         async for delta in stream:
@@ -67,24 +68,22 @@ async def completions(request: web.Request) -> web.StreamResponse:
                 await svc.send_event(response, {**head, "choices": [choice]})
     if response is None:  # nothing was streamed (an empty completion)
         response = await svc.start_sse(request)
-    choice = {"text": "", "index": 0, "logprobs": None, "finish_reason": _finish(job)}
-    await svc.send_event(response, {**head, "choices": [choice], **_tail(job)})
+    choice = {"text": "", "index": 0, "logprobs": None, "finish_reason": _finish(gen)}
+    await svc.send_event(response, {**head, "choices": [choice], **_tail(gen)})
     await response.write(b"data: [DONE]\n\n")
     await response.write_eof()
     return response
 
 
-def _job(svc: HttpService, body: CompletionBody, *, client: str) -> Job:
-    base = svc.params
-    # SamplingParams refuses a bad value with a BadInputError naming it (a 400)
-    params = dataclasses.replace(
-        base,
-        max_tokens=body.max_tokens if body.max_tokens is not None else base.max_tokens,
-        temperature=body.temperature if body.temperature is not None else base.temperature,
-        top_p=body.top_p if body.top_p is not None else base.top_p,
-        top_k=body.top_k if body.top_k is not None else base.top_k,
-        seed=body.seed if body.seed is not None else base.seed,
-        stop=_stops(body.stop) if body.stop is not None else base.stop,
+def _generation(svc: HttpService, body: CompletionBody) -> ServedGeneration:
+    params = request_params(
+        svc.params,
+        max_tokens=body.max_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=body.top_k,
+        seed=body.seed,
+        stop=_stops(body.stop) if body.stop is not None else None,
     )
     # what the client asked for must fit whole; at least one token must, for the default
     asked = body.max_tokens or 0
@@ -95,7 +94,9 @@ def _job(svc: HttpService, body: CompletionBody, *, client: str) -> Job:
         ids = _prompt_ids(svc, prompt, asked)
         # the ids the engine would make of the text (as `specd generate`), to find the
         # stop tokens of a fill-in-the-middle prompt the client built itself
-        return Job(ids, _fit(svc, params, ids, asked), client, stop_ids=svc.prompter.stop_ids(ids))
+        return ServedGeneration(
+            ids, _fit(svc, params, ids, asked), stop_ids=svc.prompter.stop_ids(ids)
+        )
     if not svc.prompter.fim:
         raise BadRequest(
             f"suffix: {svc.model_name} has no fill-in-the-middle tokens; send the prompt alone",
@@ -106,7 +107,7 @@ def _job(svc: HttpService, body: CompletionBody, *, client: str) -> Job:
     # the prompt is built within the budgets, as for an editor: cut to fit, not refused
     room = svc.limits.window - (asked or min(params.max_tokens, svc.limits.window // 2))
     built, _ = svc.prompter.build(prompt, body.suffix, room=room)
-    return Job(built.ids, _fit(svc, params, built.ids, asked), client, stop_ids=built.stop_ids)
+    return ServedGeneration(built.ids, _fit(svc, params, built.ids, asked), stop_ids=built.stop_ids)
 
 
 def _prompt_ids(svc: HttpService, prompt: str | list[str | int], asked: int) -> list[int]:
@@ -137,14 +138,14 @@ def _stops(stop: str | list[str]) -> tuple[str, ...]:
     return (stop,) if isinstance(stop, str) else tuple(stop)
 
 
-def _finish(job: Job) -> str | None:
-    c: Completion | None = job.completion
+def _finish(gen: ServedGeneration) -> str | None:
+    c: Completion | None = gen.completion
     return FINISH.get(c.stats.finish_reason, "stop") if c is not None else None
 
 
-def _tail(job: Job) -> dict[str, Any]:
+def _tail(gen: ServedGeneration) -> dict[str, Any]:
     """``usage`` and specd's ``stats`` for the last message of a response."""
-    c = job.completion
+    c = gen.completion
     if c is None:
         return {}
     s = c.stats

@@ -1,6 +1,8 @@
-"""Fill-in-the-middle prompts for HTTP requests, built by the language server's prompting
-module, so ``/infill`` and ``/v1/completions`` with a ``suffix`` see the same template,
-budgets and context layout as an editor talking LSP."""
+"""Fill-in-the-middle prompts for HTTP requests, built by the language server's
+:class:`~specd.lsp.prompter.Prompter`, so ``/infill`` and ``/v1/completions`` with a
+``suffix`` see the same template, budgets and context layout as an editor talking LSP.
+What is HTTP's own: the prompt is cut to the room the context window leaves, and its text
+arrives as two strings, not a document and a cursor."""
 
 from __future__ import annotations
 
@@ -9,9 +11,10 @@ from collections.abc import Sequence
 from specd import ContextLengthExceeded
 
 from .. import prompting
-from ..config import Settings, prefix_tokens
+from ..config import Settings
 from ..documents import Cursor
 from ..engines import CompletionEngine
+from ..prompter import PrefixSize, Prompter
 
 #: Tokens a prompt takes besides its budgets: the template's markers, BOS, the current
 #: file's header.
@@ -20,17 +23,19 @@ TEMPLATE_TOKENS = 16
 MIN_PROMPT_TOKENS = prompting.CUT_STEP
 
 
-class Prompter:
-    """Builds prompts with the engine's tokenizer and the template the settings choose."""
+class HttpPrompter:
+    """Builds prompts for the server's settings, within the room a request leaves.
 
-    def __init__(self, engine: CompletionEngine, settings: Settings) -> None:
+    :param prefix_size: what ``prefix-tokens = "auto"`` stands for (the service's).
+    """
+
+    def __init__(
+        self, engine: CompletionEngine, settings: Settings, prefix_size: PrefixSize | None = None
+    ) -> None:
         self.settings = settings
-        self.vocab = prompting.Vocabulary(engine.tokenize, engine.tokenizer)
-        self.template = prompting.choose_template(self.vocab, settings.fim)
-        # token healing, as for LSP clients: a prompt ending mid-token (an indent's
-        # spaces, half a name) is backed up to a token boundary and the cut text written
-        # again first (llama.vim's ``prompt`` is the cursor line, often just its indent)
-        self.heal = engine.heal if settings.token_healing else None
+        self.prompter = Prompter(engine, prefix_size)
+        self.vocab = self.prompter.vocab
+        self.template = self.prompter.template(settings.fim)
 
     @property
     def fim(self) -> bool:
@@ -44,8 +49,7 @@ class Prompter:
 
         :raises ContextLengthExceeded: when the room is too small for a prompt.
         """
-        s = self.settings
-        full = prompting.Budget(prefix_tokens(s), s.suffix_tokens, s.context_tokens)
+        full = self.prompter.budget(self.settings)
         if room is None:
             return full
         text = room - TEMPLATE_TOKENS
@@ -75,8 +79,11 @@ class Prompter:
 
         :param extra: (path, text) of other files, most relevant first; those past the
             budget for other files are dropped unread.
-        :param heal: heal the end of ``before`` (the answer must then go through
-            ``prompt.at_cursor``).
+        :param heal: heal the end of ``before`` as the ``token-healing`` setting says (the
+            answer must then go through ``prompt.at_cursor``). A prompt ending mid-token
+            (an indent's spaces, half a name) is backed up to a token boundary and the cut
+            text written again first (llama.vim's ``prompt`` is the cursor line, often
+            just its indent).
         :param room: tokens the prompt may take (the context window less the tokens to
             generate); None: the settings' budgets as they are.
         :returns: the prompt, and whether ``before`` was cut to fit the budget.
@@ -95,33 +102,16 @@ class Prompter:
             column=len(line_before),
             before_truncated=len(before) > window,
         )
-        prompt = prompting.build(
-            self.template,
-            self.vocab,
+        prompt = self.prompter.build(
+            self.settings,
             cursor,
             path=path,
-            others=self._others(extra, budget.context_tokens),
+            others=self.prompter.context(extra, budget.context_tokens),
             budget=budget,
-            heal=self.heal if heal else None,
+            heal=heal,
         )
         truncated = cursor.before_truncated or prompt.prefix_tokens >= budget.prefix_tokens
         return prompt, truncated
-
-    def _others(
-        self, extra: Sequence[tuple[str, str]], limit: int
-    ) -> list[prompting.ContextDocument]:
-        """Other files as context documents, each cut to ``limit`` tokens, until ``limit``
-        tokens are offered: the rest could not be placed."""
-        others: list[prompting.ContextDocument] = []
-        offered = 0
-        for name, text in extra:
-            if offered >= limit:
-                break
-            ids = self.vocab.encode(text[: limit * prompting.CHARS_PER_TOKEN])[:limit]
-            if ids:
-                others.append(prompting.ContextDocument(name or "context", ids))
-                offered += len(ids)
-        return others
 
     def stop_ids(self, ids: Sequence[int]) -> frozenset[int]:
         """The template's stop tokens when ``ids`` already is a fill-in-the-middle prompt

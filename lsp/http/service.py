@@ -4,18 +4,22 @@ with: compact JSON, server-sent events."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import time
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import msgspec
 from aiohttp import web
 
-from specd import ContextLimits, Engine, SamplingParams
+from specd import ContextLimits, Delta, Engine, SamplingParams
 
 from ..config import Settings
+from ..prompter import PrefixSize
+from ..runner import QueueFull, Runner, ServedGeneration
 from .metrics import HttpMetrics
-from .prompts import Prompter
-from .runner import Job, Runner, collect
+from .prompts import HttpPrompter
 from .schema import BadRequest
 
 #: A request body larger than this is refused (413) before it is read whole. Above what
@@ -29,7 +33,7 @@ BODY_TIMEOUT_S = 30.0
 
 class HttpService:
     """What every request shares: one engine behind one queue, the prompt builder, the
-    server's default sampling parameters and the metrics.
+    server's default sampling parameters, the metrics, and what was measured at load.
 
     :param queue_limit: requests that may wait while one generates; one more gets a 503.
     :param limits: the model's context window (default: read from the engine's target).
@@ -49,8 +53,12 @@ class HttpService:
         self.body_timeout_s = BODY_TIMEOUT_S
         self.params = params or SamplingParams()
         self.metrics = HttpMetrics()
-        self.runner = Runner(engine, self.metrics, queue_limit=queue_limit)
-        self.prompter = Prompter(engine, settings or Settings())
+        self.runner = Runner(
+            limit=queue_limit, on_queue=lambda w, r: self.metrics.queue(waiting=w, running=r)
+        )
+        #: what ``prefix-tokens = "auto"`` stands for: measured at load (``serve.warm_up``)
+        self.prefix_size = PrefixSize()
+        self.prompter = HttpPrompter(engine, settings or Settings(), self.prefix_size)
         self.model_name = engine.target.name
         self.started = int(time.time())
 
@@ -72,8 +80,32 @@ class HttpService:
                 f"the request body did not arrive within {self.body_timeout_s:g} s", status=408
             ) from None
 
-    async def collect(self, job: Job) -> tuple[str, list[int]]:
-        return await collect(self.runner.stream(job))
+    async def stream(self, generation: ServedGeneration, client: str) -> AsyncIterator[Delta]:
+        """Run ``generation`` on the engine in ``client``'s turn and yield its deltas; its
+        stats go to the metrics when it ends.
+
+        :raises QueueFull: when the queue is full (nothing was started).
+        """
+        stream = self.runner.stream(generation, self.engine, client, finished=self._finished)
+        async with contextlib.aclosing(stream):  # type: ignore[type-var]
+            try:
+                first = await anext(stream)
+            except QueueFull:
+                self.metrics.count("rejected_queue_full")
+                raise
+            except StopAsyncIteration:
+                return
+            yield first
+            async for delta in stream:
+                yield delta
+
+    async def collect(self, generation: ServedGeneration, client: str) -> tuple[str, list[int]]:
+        """Run ``generation`` to its end: (text, token ids)."""
+        return await collect(self.stream(generation, client))
+
+    def _finished(self, generation: ServedGeneration) -> None:
+        if generation.completion is not None:
+            self.metrics.generation(generation.completion.stats)
 
     @staticmethod
     def client_of(request: web.Request) -> str:
@@ -101,6 +133,43 @@ class HttpService:
     @staticmethod
     async def send_event(response: web.StreamResponse, obj: Any) -> None:
         await response.write(b"data: " + msgspec.json.encode(obj) + b"\n\n")
+
+
+def request_params(
+    base: SamplingParams,
+    *,
+    max_tokens: int | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    seed: int | None = None,
+    stop: Sequence[str] | None = None,
+) -> SamplingParams:
+    """The sampling fields a request sent, over the server's defaults (``base``): a field
+    left out (None) keeps the default. Both ``/v1/completions`` and ``/infill`` read their
+    bodies through this.
+
+    :raises BadInputError: a bad value, named (``SamplingParams`` checks them; a 400).
+    """
+    sent = {
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+        "top_p": top_p,
+        "top_k": top_k,
+        "seed": seed,
+        "stop": tuple(stop) if stop is not None else None,
+    }
+    return dataclasses.replace(base, **{k: v for k, v in sent.items() if v is not None})
+
+
+async def collect(stream: AsyncIterator[Delta]) -> tuple[str, list[int]]:
+    """Run a stream to its end: (text, token ids)."""
+    text, ids = "", []
+    async with contextlib.aclosing(stream) as deltas:  # type: ignore[type-var]
+        async for d in deltas:
+            text += d.text
+            ids += d.token_ids
+    return text, ids
 
 
 #: where handlers find the service: ``request.app[SERVICE]``

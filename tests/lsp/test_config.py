@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from specd.lsp import config
+from specd.lsp.prompter import OBSERVE_MIN_TOKENS, PrefixSize
 
 from specd.errors import BadInputError
 
@@ -60,54 +61,67 @@ def test_strict_decoding_raises_with_the_field_name():
         config.decode_strict({"maxlines": 1}, source="--config x.toml")
 
 
-@pytest.fixture
-def restore_auto_prefix():
-    saved, rate = list(config._auto_prefix), list(config._best_rate)
-    yield
-    config._auto_prefix[:], config._best_rate[:] = saved, rate
-
-
-def test_auto_prefix_is_sized_by_the_measured_prefill(restore_auto_prefix):
+def test_auto_prefix_is_sized_by_the_measured_prefill():
     """``prefix-tokens = "auto"`` (the default) follows the prefill speed measured at load,
     in coarse sizes within its bounds; a number is taken as given. Guards against a slow
     machine reading 1,536 tokens before its first suggestion on every file it opens."""
     low, high = config.AUTO_PREFIX_SIZES[0], config.AUTO_PREFIX_SIZES[-1]
     auto = config.Settings()
+    size = PrefixSize()
     assert auto.prefix_tokens == "auto"
-    assert config.prefix_tokens(auto) == high  # nothing measured yet
-    assert config.measured_prefill(700 / config.COLD_READ_S) == 512
-    assert config.prefix_tokens(auto) == 512
-    assert config.measured_prefill(512 / config.COLD_READ_S) == 512
-    assert config.measured_prefill(511 / config.COLD_READ_S) == 384
-    assert config.prefix_tokens(config.Settings(prefix_tokens=100)) == 100
-    assert config.measured_prefill(1.0) == low
-    assert config.measured_prefill(1e9) == high
+    assert size.resolve(auto) == high  # nothing measured yet
+    assert size.measured(700 / config.COLD_READ_S) == 512
+    assert size.resolve(auto) == 512
+    assert size.measured(512 / config.COLD_READ_S) == 512
+    assert size.measured(511 / config.COLD_READ_S) == 384
+    assert size.resolve(config.Settings(prefix_tokens=100)) == 100
+    assert size.measured(1.0) == low
+    assert size.measured(1e9) == high
     settings, messages = config.decode({"prefix-tokens": "most"}, source="s")
     assert settings.prefix_tokens == "auto" and "`prefix-tokens`" in messages[0]
 
 
-def test_a_faster_request_prefill_sizes_auto_again(restore_auto_prefix):
+def test_a_faster_request_prefill_sizes_auto_again():
     """A probe at start that caught a busy moment would keep every prompt of the session
     small; a request's prefill that reads faster sizes ``auto`` again, and a slower one
     (the machine busy now) leaves it. Nothing measured at start (``auto`` is then the
     largest size): requests do not change it."""
-    config._auto_prefix[0], config._best_rate[0] = config.AUTO_PREFIX_SIZES[-1], 0.0
-    assert config.observed_prefill(640, 1.0) is None
-    assert config.prefix_tokens(config.Settings()) == config.AUTO_PREFIX_SIZES[-1]
+    size = PrefixSize()
+    assert size.observed(640, 1.0) is None
+    assert size.resolve(config.Settings()) == config.AUTO_PREFIX_SIZES[-1]
 
-    assert config.measured_prefill(500.0) == 384  # 400 tokens in COLD_READ_S
-    assert config.observed_prefill(config.OBSERVE_MIN_TOKENS - 1, 0.01) is None  # too short
-    assert config.observed_prefill(300, 1.0) is None  # slower: the machine is busy
-    assert config.prefix_tokens(config.Settings()) == 384
-    assert config.observed_prefill(640, 1.0) == 512
-    assert config.prefix_tokens(config.Settings()) == 512
-    assert config.observed_prefill(650, 1.0) is None  # faster, the same size
-    assert config.prefix_tokens(config.Settings(prefix_tokens=100)) == 100
+    assert size.measured(500.0) == 384  # 400 tokens in COLD_READ_S
+    assert size.observed(OBSERVE_MIN_TOKENS - 1, 0.01) is None  # too short
+    assert size.observed(300, 1.0) is None  # slower: the machine is busy
+    assert size.resolve(config.Settings()) == 384
+    assert size.observed(640, 1.0) == 512
+    assert size.resolve(config.Settings()) == 512
+    assert size.observed(650, 1.0) is None  # faster, the same size
+    assert size.resolve(config.Settings(prefix_tokens=100)) == 100
 
 
-def test_a_request_prefill_is_timed_for_auto(restore_auto_prefix, monkeypatch):
-    """The completion pipeline hands each request's prefill to ``observed_prefill``: the
-    tokens it computed and the seconds they took."""
+def test_each_service_keeps_its_own_measurement():
+    """Guards against the measurement living in the settings module again: two services
+    (a test's and a server's, or two servers in one process) must not size each other's
+    prompts, and the window a request reads follows its own service's size."""
+    from specd.lsp.completer import cursor_at
+    from specd.lsp.documents import Document
+
+    slow, fast = PrefixSize(), PrefixSize()
+    slow.measured(1.0)
+    fast.measured(1e9)
+    auto = config.Settings()
+    assert (slow.resolve(auto), fast.resolve(auto)) == (256, 1536)
+    doc = Document("file:///w/a.py", "x = 1\n" * 2000)
+    pos = doc.resolve(1999, 0)
+    small = cursor_at(doc, pos, auto, 4.0, prefix_size=slow)
+    large = cursor_at(doc, pos, auto, 4.0, prefix_size=fast)
+    assert len(small.before) < len(large.before)
+
+
+def test_a_request_prefill_is_timed_for_auto(monkeypatch):
+    """The completion pipeline hands each request's prefill to its service's
+    ``PrefixSize.observed``: the tokens it computed and the seconds they took."""
     from specd.lsp.completer import Completer, CompletionRequest
     from specd.lsp.documents import Document
 
@@ -115,8 +129,10 @@ def test_a_request_prefill_is_timed_for_auto(restore_auto_prefix, monkeypatch):
     from specd.forward.tiny import tiny_target
 
     seen: list[tuple[int, float]] = []
-    monkeypatch.setattr(config, "observed_prefill", lambda n, s: seen.append((n, s)))
-    completer = Completer(Engine(tiny_target(), drafter="none"), SamplingParams(max_tokens=2))
+    size = PrefixSize()
+    monkeypatch.setattr(size, "observed", lambda n, s: seen.append((n, s)))
+    engine = Engine(tiny_target(), drafter="none")
+    completer = Completer(engine, SamplingParams(max_tokens=2), prefix_size=size)
     text = "def total(values):\n    return sum(values)\n" * 12
     doc = Document("file:///w/main.py", text)
     cursor = doc.cursor(doc.resolve(24, 0), before_chars=4000, after_chars=400)
@@ -130,17 +146,18 @@ def test_a_request_prefill_is_timed_for_auto(restore_auto_prefix, monkeypatch):
     assert seen[1][0] == 0  # all of it cached
 
 
-def test_the_daemon_measures_its_prefill_at_load(restore_auto_prefix):
+def test_the_daemon_measures_its_prefill_at_load():
     from specd.lsp import serve
 
     from specd import Engine
     from specd.forward.tiny import tiny_target
 
-    config._auto_prefix[0] = -1
+    size = PrefixSize()
+    size.tokens = -1
     engine = Engine(tiny_target(96, seed=0), drafter="none")
-    serve.warm_up(engine)
+    serve.warm_up(engine, size)
     low, high = config.AUTO_PREFIX_SIZES[0], config.AUTO_PREFIX_SIZES[-1]
-    assert low <= config.prefix_tokens(config.Settings()) <= high
+    assert low <= size.resolve(config.Settings()) <= high and size.best_rate > 0
     assert len(engine.prefix_cache) == 0  # the probe's tokens are not kept
 
 
@@ -153,8 +170,8 @@ def test_drafter_options_the_drafter_rejects_end_the_daemons_start():
     target = tiny_target(96, seed=0)
     engine = Engine(target, drafter="ngram", drafter_options={"ngram": {"max_n": "four"}})
     with pytest.raises(BadInputError, match="max_n='four'"):
-        serve.warm_up(engine)
+        serve.warm_up(engine, PrefixSize())
     # the default drafter's parts take PART.KEY options
     engine = Engine(target, drafter_options={"hybrid": {"max_n": 4}})
     with pytest.raises(BadInputError, match="hybrid option 'max_n': expected PART.KEY"):
-        serve.warm_up(engine)
+        serve.warm_up(engine, PrefixSize())

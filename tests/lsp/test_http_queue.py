@@ -7,16 +7,16 @@ or fill the queue, while a generation is known to be running.
 
 from __future__ import annotations
 
-import asyncio
 import http.client
 import json
 import socket
 import threading
+import time
 
 import pytest
 from http_testing import InProcessServer, metrics, post, request, wait_for
 from specd.lsp.http import HttpService
-from specd.lsp.http.runner import FairQueue, QueueFull
+from specd.lsp.runner import Job, QueueFull, Runner
 
 from specd import Engine, SamplingParams
 
@@ -119,51 +119,50 @@ def test_full_queue_gets_503_and_the_queued_request_still_runs(gated):
     assert metrics(server)["specd_rejected_queue_full_total"] == 1
 
 
+def _gated_job(name: str, client: str, gate: threading.Event, order: list[str]) -> Job:
+    def run(job: Job) -> None:
+        order.append(name)
+        gate.wait(30)
+
+    return Job("", run, client=client)
+
+
+def _drain(runner: Runner) -> None:
+    deadline = time.monotonic() + 30
+    while runner.pending and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
 def test_queue_takes_clients_in_turn():
     """Guards against a plain FIFO, where one client's burst makes every other client wait
     behind all of it."""
-
-    async def scenario() -> list[str]:
-        q = FairQueue(limit=8)
-        order: list[str] = []
-        await q.acquire("a")  # a1 runs
-
-        async def wait(client: str, name: str) -> None:
-            await q.acquire(client)
-            order.append(name)
-
-        tasks = []
-        for client, name in [("a", "a2"), ("a", "a3"), ("a", "a4"), ("b", "b1"), ("c", "c1")]:
-            tasks.append(asyncio.create_task(wait(client, name)))
-            await asyncio.sleep(0)
-        for _ in tasks:
-            q.release()
-            await asyncio.sleep(0)
-        await asyncio.gather(*tasks)
-        return order
-
-    assert asyncio.run(scenario()) == ["a2", "b1", "c1", "a3", "a4"]
+    runner, gate, order = Runner(limit=8), threading.Event(), []
+    runner.submit(_gated_job("a1", "a", gate, order))
+    wait_for(lambda: order == ["a1"])
+    for client, name in [("a", "a2"), ("a", "a3"), ("a", "a4"), ("b", "b1"), ("c", "c1")]:
+        runner.submit(_gated_job(name, client, gate, order))
+    gate.set()
+    _drain(runner)
+    runner.stop()
+    assert order == ["a1", "a2", "b1", "c1", "a3", "a4"]
 
 
 def test_queue_full_raises_and_a_cancelled_waiter_leaves():
     """Guards against a waiter that went away keeping its place (and the bound full)."""
-
-    async def scenario() -> None:
-        q = FairQueue(limit=1)
-        await q.acquire("a")
-        waiter = asyncio.create_task(q.acquire("b"))
-        await asyncio.sleep(0)
-        with pytest.raises(QueueFull):
-            await q.acquire("c")
-        waiter.cancel()
-        await asyncio.gather(waiter, return_exceptions=True)
-        assert q.waiting == 0
-        third = asyncio.create_task(q.acquire("c"))
-        await asyncio.sleep(0)
-        q.release()
-        await asyncio.wait_for(third, 5)
-
-    asyncio.run(scenario())
+    runner, gate, order = Runner(limit=1), threading.Event(), []
+    runner.submit(_gated_job("a", "a", gate, order))
+    wait_for(lambda: order == ["a"])
+    waiter = _gated_job("b", "b", gate, order)
+    runner.submit(waiter)
+    with pytest.raises(QueueFull):
+        runner.submit(_gated_job("c", "c", gate, order))
+    runner.cancel(waiter, "client")
+    assert waiter.reason == "client" and runner.pending == 1
+    runner.submit(_gated_job("c", "c", gate, order))
+    gate.set()
+    _drain(runner)
+    runner.stop()
+    assert order == ["a", "c"]
 
 
 def test_http_client_sees_a_complete_answer_after_a_disconnected_one(gated):

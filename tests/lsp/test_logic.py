@@ -14,7 +14,7 @@ from specd.lsp.config import Settings
 from specd.lsp.documents import Document
 from specd.lsp.metrics import Metrics
 from specd.lsp.rpc import RedactPayloads
-from specd.lsp.scheduler import Job, Worker
+from specd.lsp.runner import Job, Runner
 from specd.lsp.workspace import ACCEPTED, WorkspaceIndex
 
 from specd import Engine, SamplingParams, Stats
@@ -205,7 +205,7 @@ def _job(key, log, gate=None, record=None):
 def test_a_newer_job_supersedes_queued_and_running_ones():
     log, done = [], []
     running = Metrics()
-    worker = Worker(on_start=running.generation_started, on_end=running.generation_ended)
+    worker = Runner(on_start=running.generation_started, on_end=running.generation_ended)
     gate = threading.Event()
     a = _job("doc", log, gate, done)
     worker.submit(a)
@@ -232,7 +232,7 @@ def test_a_newer_job_supersedes_queued_and_running_ones():
 
 def test_cancel_key_prefix_and_stop():
     log, done = [], []
-    worker = Worker()
+    worker = Runner()
     gate = threading.Event()
     jobs = [_job(f"1:{i}", log, gate, done) for i in range(3)] + [_job("2:x", log, gate, done)]
     for j in jobs:

@@ -30,7 +30,7 @@ from specd.lsp.config import Settings
 from specd.lsp.debounce import BURST_GAP_S, MAX_DELAY_S, Rhythm
 from specd.lsp.documents import Document, Position
 from specd.lsp.metrics import Metrics
-from specd.lsp.scheduler import Job, Worker
+from specd.lsp.runner import Job, Runner
 from specd.lsp.server import SpecdServer
 from specd.lsp.service import Service
 from specd.lsp.warmup import AHEAD_CHARS, OPEN_WARM_S, Background
@@ -104,7 +104,7 @@ def _job(key: str, run: Callable[[Job], object], done: list, background: bool = 
 def test_a_request_preempts_the_running_background_job():
     """Guards against background work (a warm-up, the rest of a suggestion) holding the
     worker while a request waits: submitting a request cancels it at its next check."""
-    worker = Worker()
+    worker = Runner()
     done: list = []
     started = threading.Event()
 
@@ -130,7 +130,7 @@ def test_queued_requests_run_before_queued_background_jobs_and_edits_spare_them(
     """Guards against a queue that runs background jobs in arrival order ahead of a
     request, and against an edit cancelling background work (only a request's cursor is
     made stale by an edit)."""
-    worker = Worker()
+    worker = Runner()
     done: list = []
     gate = threading.Event()
     try:
@@ -194,7 +194,7 @@ BODY = ["if w < 0", ":\n", "        raise ValueError(w)\n", "    return w", " * 
 
 
 def _background(
-    engine: ScriptedEngine, worker: Worker, version_of: Callable[[str], int | None]
+    engine: ScriptedEngine, worker: Runner, version_of: Callable[[str], int | None]
 ) -> Background:
     """A session's pipeline around ``engine`` that builds no requests of its own."""
     return Background(
@@ -370,7 +370,7 @@ def test_a_request_waits_by_what_precedes_the_cursor(line_before, waits):
     engine = ScriptedEngine(BODY)
     req = _request(engine)
     req.cursor = replace(req.cursor, line_before=line_before)
-    bg = _background(engine, Worker(), version_of=lambda uri: req.version)
+    bg = _background(engine, Runner(), version_of=lambda uri: req.version)
     for i in range(10):
         bg.rhythm.edited(req.uri, now=time.monotonic() - 0.2 + i * 0.02)
     bg.rhythm.edited(req.uri)
@@ -389,7 +389,7 @@ def test_a_prefetch_superseded_before_it_ran_releases_its_cache_entry():
     a request typed along it would wait for its whole time budget for lines that never
     come, instead of asking the model at once."""
     engine = ScriptedEngine(BODY)
-    worker = Worker()
+    worker = Runner()
     gate = threading.Event()
     bg = _background(engine, worker, version_of=lambda uri: 1)
     try:
@@ -428,7 +428,7 @@ def _recording_background(
         return CompletionRequest(cursor, "a.py", Settings(), uri=uri)
 
     bg = Background(
-        Worker(),
+        Runner(),
         Recorder(),  # type: ignore[arg-type]
         Metrics(),
         key="1:",
@@ -693,7 +693,7 @@ def test_an_answer_from_the_cache_is_shaped_as_the_model_answer_would_be():
     direct = Completer(engine).complete(  # type: ignore[arg-type]
         CompletionRequest(cursor, "a.py", Settings(time_budget_ms=60_000), uri=doc.uri)
     )
-    bg = _background(engine, Worker(), version_of=lambda uri: 1)
+    bg = _background(engine, Runner(), version_of=lambda uri: 1)
     try:
         entry = bg.cache.start(doc.uri, cursor)
         entry.raw, entry.finish_reason = "return a\n    b = )\n", "length"
