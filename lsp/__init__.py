@@ -14,7 +14,7 @@
 - other ways to generate: ``http`` (``serve --http``), ``backend`` and ``backend_prompt``
   (``--backend``, a remote serving engine);
 - commands: ``commands`` (``serve``, ``complete`` and ``stats``, added to ``specd``
-  through the ``specd_register_commands`` hook) and ``serve``.
+  through the ``specd.commands`` entry-point group) and ``serve``.
 
 It uses only specd's public API: the names ``specd`` exports, and ``specd.options`` (the
 options and the engine builder every subcommand shares).

@@ -1,10 +1,10 @@
 """``specd serve``, ``specd complete`` and ``specd stats``.
 
-They join the ``specd`` command line through the ``specd_register_commands`` hook (this
-module is the ``lsp`` entry point of the ``specd`` group). ``serve`` and ``complete`` take
-the model and decoding options of ``specd generate``; end-to-end tests run them with
-``--model tiny``, which starts in seconds and downloads nothing (its completions are random
-characters).
+They join the ``specd`` command line through :func:`register`, the ``lsp`` entry point of
+the ``specd.commands`` group; the language server's modules load when a command runs.
+``serve`` and ``complete`` take the model and decoding options of ``specd generate``;
+end-to-end tests run them with ``--model tiny``, which starts in seconds and downloads
+nothing (its completions are random characters).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from specd import BadInputError, hookimpl
+from specd import BadInputError
 from specd.options import (
     EXIT_OK,
     add_decoding_args,
@@ -30,8 +30,7 @@ from . import config
 log = logging.getLogger(__name__)
 
 
-@hookimpl
-def specd_register_commands(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``serve``, ``complete`` and ``stats``."""
     p = subparsers.add_parser(
         "serve",

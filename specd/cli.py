@@ -1,11 +1,13 @@
 """The ``specd`` command line.
 
-The core's commands join through :data:`CORE_COMMANDS`: generate and plugins (here),
-verify (:mod:`specd.conformance.command`) and bench (:mod:`specd.bench.command`). Packages
-above the core, such as the language server's serve, complete and stats, add theirs through
-the ``specd_register_commands`` hook. Each command's ``func`` takes the parsed arguments and
-returns an exit code (:mod:`specd.options`): 0 success, 1 a check failed, 2 bad usage or
-bad input.
+Every command joins it the same way, the core's and any package's: an entry point in the
+``specd.commands`` group names a function that takes the command line's subparsers and adds
+its parsers (:func:`register` here adds generate and plugins; verify, bench, serve,
+complete, stats and train come from their own modules). Each command's ``func`` takes the
+parsed arguments and returns an exit code (:mod:`specd.options`): 0 success, 1 a check
+failed, 2 bad usage or bad input. A command's module is imported for every ``specd``
+invocation, ``--help`` included, so it imports argparse and :mod:`specd.options` only, and
+its function imports what the command needs.
 """
 
 from __future__ import annotations
@@ -16,11 +18,8 @@ import logging
 import os
 import sys
 
-from . import allocator, registry
-from .bench import command as bench_command
-from .conformance import command as verify_command
+from . import allocator, entrypoints
 from .errors import BadInputError, ModelNotFoundError, SpecdError
-from .limits import UTF8_MAX_BYTES, ContextLengthExceeded
 from .options import (
     EXIT_BAD_INPUT,
     EXIT_CHECK_FAILED,
@@ -42,6 +41,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    from .limits import UTF8_MAX_BYTES
+
     if args.file is None and args.prompt is None:
         raise BadInputError("give a PROMPT or --file")
     size = _file_size(args.file) if args.file is not None else 0  # unreadable: before loading
@@ -84,6 +85,8 @@ def _file_size(path: str) -> int:
 
 def _read_prompt(path: str, max_bytes: int) -> str:
     """The file's text, reading no more than ``max_bytes`` (a pipe has no size to check)."""
+    from .limits import ContextLengthExceeded
+
     try:
         with open(path, "rb") as f:
             data = f.read(max_bytes + 1)
@@ -103,6 +106,8 @@ def _read_prompt(path: str, max_bytes: int) -> str:
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
+    from . import registry
+
     found = registry.list_plugins()
     if args.json:
         print(json.dumps(found))
@@ -140,8 +145,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_plugins)
 
 
-#: The core's commands, each a function adding its parsers to the subparsers.
-CORE_COMMANDS = (register, verify_command.register, bench_command.register)
+#: The entry-point group of the command line's commands: ``NAME = "module:function"``.
+COMMANDS_GROUP = "specd.commands"
+log = logging.getLogger("specd.plugins")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -153,10 +159,48 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
-    for add in CORE_COMMANDS:
-        add(sub)
-    registry.add_commands(sub)
+    add_commands(sub)
     return parser
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    """Add the commands of every ``specd.commands`` entry point, specd's own first.
+
+    Each entry point runs on its own: one whose module fails to import, whose function
+    raises, or that takes a command name already in use is logged with its traceback and
+    skipped, the commands it added taken out again; the other commands still work.
+    ``SPECD_LOAD_PLUGINS`` limits the other distributions' commands as it limits their
+    plugins; specd's own commands always load.
+    """
+    eps = entrypoints.selected(COMMANDS_GROUP, builtin=True)
+    eps.sort(key=lambda ep: not entrypoints.ships_with_specd(ep))  # stable: specd's first
+    if not eps or not entrypoints.ships_with_specd(eps[0]):
+        log.error(
+            "specd's own commands are missing from the %r entry points its installation "
+            "declares: install specd again (pip install -e . in a checkout)",
+            COMMANDS_GROUP,
+        )
+    done: set[str] = set()
+    for ep in eps:
+        if ep.name in done:
+            continue
+        done.add(ep.name)
+        names, listed = dict(sub.choices), list(sub._choices_actions)
+        try:
+            ep.load()(sub)
+            taken = sorted(n for n, p in names.items() if sub.choices[n] is not p)
+            if taken:  # Python 3.11 refuses this itself; 3.10 replaced the parser
+                raise ValueError(f"command name already in use: {', '.join(taken)}")
+        except Exception as exc:  # noqa: BLE001 - a broken command is skipped, not fatal
+            sub.choices.clear()
+            sub.choices.update(names)
+            sub._choices_actions[:] = listed
+            log.error(
+                "commands %r (%s) failed to register and are skipped",
+                ep.name,
+                ep.value,
+                exc_info=exc,
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -180,19 +224,18 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _quiet_libraries() -> None:
-    import os
+    """Errors only from transformers and no progress bars, set before it is imported (a
+    command that loads no model does not import it)."""
     import warnings
 
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     warnings.filterwarnings("ignore", module="transformers")
-    try:
+    if "transformers" in sys.modules:  # too late for the environment: tell it directly
         from transformers.utils import logging as hf_logging
 
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
-    except ImportError:
-        pass
 
 
 if __name__ == "__main__":

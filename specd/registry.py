@@ -1,4 +1,5 @@
-"""Finding plugins: one plugin manager, the entry-point group ``specd``, and lookups by name.
+"""Finding plugins: one plugin manager, the entry-point group ``specd``, and lookups by name
+(the command line reads its own group, ``specd.commands``: :mod:`specd.cli`).
 
 What the plugins register is collected once per plugin manager and set of plugins, so a
 request's lookups by name cost a dictionary read; registering or unregistering a plugin, or
@@ -7,24 +8,16 @@ request's lookups by name cost a dictionary read; registering or unregistering a
 
 from __future__ import annotations
 
-import argparse
 import logging
-import os
 import weakref
 from dataclasses import dataclass
 from typing import Any
 
 import pluggy
 
-from . import hookspecs
+from . import entrypoints, hookspecs
 from .api import Drafter, ExitPolicy, Verifier
 from .errors import BadInputError, UnknownPluginError
-
-#: Set to a comma-separated list of entry-point names to load only those plugins
-#: (``SPECD_LOAD_PLUGINS=""`` loads none, ``builtin`` every entry point of the specd
-#: distribution itself); unset loads every installed plugin.
-LOAD_PLUGINS_ENV = "SPECD_LOAD_PLUGINS"
-DISTRIBUTION = "specd"
 
 _pm: pluggy.PluginManager | None = None
 log = logging.getLogger("specd.plugins")
@@ -65,31 +58,17 @@ def get_plugin_manager() -> pluggy.PluginManager:
     """
     global _pm
     if _pm is None:
-        from importlib.metadata import entry_points
-
         pm = pluggy.PluginManager("specd")
         pm.add_hookspecs(hookspecs)
-        only = os.environ.get(LOAD_PLUGINS_ENV)
-        wanted = None if only is None else {n.strip() for n in only.split(",") if n.strip()}
-        for ep in entry_points(group="specd"):
+        for ep in entrypoints.selected("specd"):  # as SPECD_LOAD_PLUGINS says
             if pm.has_plugin(ep.name) or pm.is_blocked(ep.name):
                 continue
-            if wanted is not None:
-                builtin = "builtin" in wanted and _ships_with_specd(ep)
-                if not (builtin or ep.name in wanted):
-                    continue
             try:
                 pm.register(ep.load(), name=ep.name)
             except Exception as exc:  # noqa: BLE001 - a broken plugin is skipped, not fatal
                 _report(f"plugin {ep.name!r} ({ep.value}) failed to load and is skipped", exc)
         _pm = pm
     return _pm
-
-
-def _ships_with_specd(ep: Any) -> bool:
-    """Whether an entry point belongs to the specd distribution itself."""
-    dist = getattr(ep, "dist", None)
-    return dist is not None and (dist.name or "").lower() == DISTRIBUTION
 
 
 _reported: set[str] = set()
@@ -175,23 +154,6 @@ def _collect(kind: str, pm: pluggy.PluginManager) -> dict[str, PluginInfo]:
         except Exception as exc:  # noqa: BLE001
             _report(f"plugin {impl.plugin_name!r} failed in {hook_name} and is skipped", exc)
     return found
-
-
-def add_commands(
-    subparsers: argparse._SubParsersAction, pm: pluggy.PluginManager | None = None
-) -> None:
-    """Let every plugin add its subcommands to the ``specd`` command line
-    (``specd_register_commands``). A plugin whose hook raises, or that takes a command
-    name already in use, is logged and skipped; the other commands still work."""
-    pm = pm or get_plugin_manager()
-    for impl in pm.hook.specd_register_commands.get_hookimpls():
-        try:
-            impl.function(subparsers=subparsers)
-        except Exception as exc:  # noqa: BLE001
-            _report(
-                f"plugin {impl.plugin_name!r} failed in specd_register_commands and is skipped",
-                exc,
-            )
 
 
 def list_plugins(pm: pluggy.PluginManager | None = None) -> dict[str, list[dict[str, str]]]:

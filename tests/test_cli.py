@@ -115,9 +115,14 @@ def test_plugins_json_lists_builtins():
 
 
 def test_help_for_every_command(capsys):
-    for cmd in ["generate", "plugins", "verify", "bench", "serve", "complete", "stats"]:
-        code, out, _ = specd_here(capsys, cmd, "--help")
-        assert code == 0 and "usage" in out, cmd
+    code, out, _ = specd_here(capsys, "--help")
+    assert code == 0
+    for cmd in ["generate", "plugins", "verify", "bench", "serve", "complete", "stats", "train"]:
+        assert f"    {cmd} " in out, f"specd --help does not list {cmd}"
+        code, out_cmd, _ = specd_here(capsys, cmd, "--help")
+        assert code == 0 and "usage" in out_cmd, cmd
+    code, out, _ = specd_here(capsys, "train", "eagle", "--help")
+    assert code == 0 and "--data" in out
 
 
 def test_the_tiny_model_is_a_model_name(capsys):

@@ -15,21 +15,18 @@ import shlex
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from specd import BadInputError, Engine, Target, hookimpl
+from specd import BadInputError
 from specd.options import EXIT_OK, add_model_args
 
-from . import features
-from .head import EagleHead, HeadConfig
-from .headfile import load_head, read_meta, save_head, weights_hash
-from .train import TrainConfig, Trainer
+if TYPE_CHECKING:
+    from specd import Target
 
 
-@hookimpl
-def specd_register_commands(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``train`` with its ``eagle`` subcommand."""
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``train`` with its ``eagle`` subcommand (the ``eagle`` entry point of the
+    ``specd.commands`` group; torch and the trainer load when it runs)."""
     train = subparsers.add_parser("train", help="train a drafter for a target model")
     kinds = train.add_subparsers(dest="train_kind", metavar="KIND", required=True)
     p = kinds.add_parser(
@@ -75,6 +72,15 @@ def specd_register_commands(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from specd import Engine
+
+    from . import features
+    from .head import EagleHead, HeadConfig
+    from .headfile import load_head, save_head, weights_hash
+    from .train import TrainConfig, Trainer
+
     for name in ("seq_len", "valid_every", "draft_vocab", "steps", "batch"):
         if getattr(args, name) < (2 if name in ("seq_len", "valid_every") else 1):
             raise BadInputError(f"--{name.replace('_', '-')} is too small: {getattr(args, name)}")
@@ -169,6 +175,10 @@ def run(args: argparse.Namespace) -> int:
 
 def evaluate(args: argparse.Namespace, target: Target, files: list[Path], say) -> int:
     """Top-1 agreement and per-position acceptance of the head at ``--out`` on ``--data``."""
+    from . import features
+    from .headfile import load_head, weights_hash
+    from .train import TrainConfig, Trainer
+
     head = load_head(Path(args.out), target)
     seqs = features.evaluation_sequences(
         target, files, seq_len=args.seq_len, max_tokens=args.max_tokens
@@ -201,6 +211,8 @@ def evaluate(args: argparse.Namespace, target: Target, files: list[Path], say) -
 
 def _lineage(path: Path) -> str:
     """The commands that made the head at ``path``, one per line, oldest first."""
+    from .headfile import read_meta
+
     meta = read_meta(path)
     return "\n".join(filter(None, [meta.get("init"), meta.get("command")]))
 

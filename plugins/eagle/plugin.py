@@ -1,14 +1,14 @@
-"""The ``eagle`` entry point: the ``eagle`` and ``hybrid`` drafters and ``specd train eagle``."""
+"""The ``eagle`` entry point of the ``specd`` group: the ``eagle`` and ``hybrid`` drafters
+(``specd train eagle`` is the ``eagle`` entry point of ``specd.commands``, :mod:`.command`)."""
 
 from __future__ import annotations
 
 from specd import hookimpl
 
-from .command import specd_register_commands
 from .drafter import EagleDrafter
 from .hybrid import HybridDrafter
 
-__all__ = ["specd_register_commands", "specd_register_drafters"]
+__all__ = ["specd_register_drafters"]
 
 
 @hookimpl

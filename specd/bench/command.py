@@ -10,18 +10,21 @@ from pathlib import Path
 
 from ..errors import BadInputError
 from ..options import EXIT_OK, add_model_args, parse_options
-from . import configs as configs_mod
 from . import session, session_report, workloads
-from .harness import RSS_MODES, BenchOptions
-from .probe import TargetSpec
 
 DEFAULT_LIMIT = 8
+#: ``--rss``: a fresh process per configuration, this process, or no peak RSS.
+RSS_MODES = ("isolated", "inprocess", "off")
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.workload == session_report.NAME:
         return cmd_session(args)
     import torch
+
+    from . import configs as configs_mod
+    from .harness import BenchOptions
+    from .probe import TargetSpec
 
     if args.threads is not None:
         if args.threads < 1:

@@ -31,8 +31,6 @@ from .workloads import Prompt
 
 log = logging.getLogger(__name__)
 
-RSS_MODES = ("isolated", "inprocess", "off")
-
 
 @dataclass
 class BenchOptions:

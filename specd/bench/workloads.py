@@ -25,9 +25,12 @@ import tokenize as pytokenize
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import BadInputError
-from ..forward.target import Target
+
+if TYPE_CHECKING:  # ``specd bench --help`` lists the workloads without loading torch
+    from ..forward.target import Target
 
 #: Default new tokens per prompt, per workload (``--max-tokens`` overrides).
 DEFAULT_MAX_TOKENS = {"editor": 64, "humaneval": 64, "edit": 96, "random": 64}

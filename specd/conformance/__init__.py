@@ -5,6 +5,13 @@ See docs/verification.md for what each check proves.
 """
 
 from .results import Report, Result
-from .suite import run
 
 __all__ = ["Report", "Result", "run"]
+
+
+def __getattr__(name: str):
+    if name == "run":  # the suite loads torch: not for ``specd verify --help``
+        from .suite import run
+
+        return run
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
