@@ -1,8 +1,8 @@
 """What every ``specd`` subcommand shares: exit codes, the model and decoding options, and
 the one engine builder.
 
-The core's commands and the commands plugins add (``specd_register_commands``) import this
-module; it imports nothing that loads a model until a command runs.
+Every command's module imports this one (the ``specd.commands`` entry points, the core's
+and any package's); it imports nothing that loads a model until a command runs.
 """
 
 from __future__ import annotations
