@@ -43,7 +43,7 @@ def test_greedy_ngram_matches_plain_and_hf_generate(real_engine, prompt):
     assert spec.token_ids == plain.token_ids
     ids = real_engine.tokenize(prompt)
     with torch.inference_mode():
-        out = real_engine.target.model.generate(
+        out = real_engine.target.hf_model().generate(
             torch.tensor([ids]), max_new_tokens=40, do_sample=False
         )
     hf = out[0, len(ids) :].tolist()
