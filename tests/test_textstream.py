@@ -4,7 +4,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from specd.forward.tiny import CharTokenizer
-from specd.textstream import TextStream
+from specd.textstream import TextStream, find_stop, held_back
 
 
 class ByteTokenizer:
@@ -45,3 +45,22 @@ def test_stop_strings_cut_and_never_leak(text, stop):
     expected = text[: text.index(stop)] if stop in text else text
     assert "".join(released) == expected
     assert ts.text == expected
+
+
+@given(
+    text=st.text(alphabet="ab<|", max_size=12),
+    stops=st.lists(st.text(alphabet="ab<|", min_size=1, max_size=4), min_size=1, max_size=3),
+    released=st.integers(0, 12),
+)
+def test_held_back_is_the_longest_end_that_could_grow_into_a_stop(text, stops, released):
+    """The one hold-back rule, shared by the engine's stream and a remote server's text
+    (lsp/backend.py): checked against every end of the text."""
+    released = min(released, len(text))
+    ends = [
+        k
+        for k in range(1, len(text) - released + 1)
+        if any(len(s) > k and s.startswith(text[len(text) - k :]) for s in stops)
+    ]
+    assert held_back(text, stops, released) == max(ends, default=0)
+    at = [i for i in range(len(text)) if any(text.startswith(s, i) for s in stops)]
+    assert find_stop(text, stops) == min(at, default=-1)
