@@ -94,5 +94,5 @@ class Answers:
         item = convert.completion_item(
             text, request.cursor, self.encoding, self.accept_command(text), rank=rank
         )
-        value = [self.protocol._converter.unstructure(item)]
+        value = [self.protocol.converter.unstructure(item)]
         self.protocol.notify(types.PROGRESS, types.ProgressParams(token=token, value=value))

@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 from typing import Any
 
 from specd import BadInputError, SpecdError
+from specd.jsonrpc import frame, read_frame
 
 
 class DaemonError(SpecdError):
@@ -81,30 +81,10 @@ class Client:
         self._sock.sendall(frame(message))
 
     def _receive(self) -> dict[str, Any]:
-        message = read_frame(self._file)
+        try:
+            message = read_frame(self._file)
+        except ValueError as e:
+            raise SpecdError(f"the daemon sent a malformed message: {e}") from None
         if message is None:
             raise SpecdError("the daemon closed the connection")
         return message
-
-
-def frame(message: dict[str, Any]) -> bytes:
-    """One JSON-RPC message with its LSP base-protocol header."""
-    body = json.dumps(message).encode("utf-8")
-    return b"Content-Length: %d\r\n\r\n" % len(body) + body
-
-
-def read_frame(stream: Any) -> dict[str, Any] | None:
-    """Read one framed JSON-RPC message from a binary stream; None at end of input."""
-    length = None
-    while True:
-        line = stream.readline()
-        if not line:
-            return None
-        if line in (b"\r\n", b"\n"):
-            if length is not None:
-                break
-            continue
-        name, _, value = line.decode("latin-1").partition(":")
-        if name.strip().lower() == "content-length":
-            length = int(value)
-    return json.loads(stream.read(length))

@@ -16,8 +16,9 @@ from typing import Any, BinaryIO, cast
 
 from specd import BadInputError
 
+from .handlers import build_server
 from .rpc import SafeWriter, SpecdProtocol, read_messages
-from .server import Service, SpecdServer
+from .service import Service
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +133,7 @@ def run_stdio(service: Service, stdin: BinaryIO, stdout: BinaryIO) -> int:
     """
 
     async def main() -> int | None:
-        ls = SpecdServer(service)
+        ls = build_server(service)
 
         def write(data: bytes) -> None:
             stdout.write(data)
@@ -159,7 +160,7 @@ def run_tcp(
     gets the bound address."""
 
     async def session(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        ls = SpecdServer(service)
+        ls = build_server(service)
         ls.protocol.set_writer(SafeWriter(writer.write, writer.close, ls.end_session))
         try:
             await read_messages(reader, cast(SpecdProtocol, ls.protocol), lambda: ls.ended)

@@ -6,6 +6,9 @@ and :class:`~.service.WhenLoaded` (the engine's stand-in while the model loads).
 every member below; a member that means nothing for one of them returns a neutral value,
 documented on that class, so callers never ask whether a member is there.
 
+The HTTP server also reads the served model itself (``target``: its name and vocabulary)
+and ``request_memory``, which only a local model has: it takes a :class:`specd.Engine`.
+
 Not ``runtime_checkable``: on Python 3.11 ``isinstance`` against a protocol reads its
 properties, and reading one on the loading stand-in waits for the model.
 tests/lsp/test_engines.py holds each of the three to this protocol, member by member and

@@ -14,6 +14,22 @@ it calls for:
 Notifications are never answered, per JSON-RPC; a bad one is logged and dropped. End of
 input ends the session. Log records from pygls carry message bodies; unless the user asks
 for code in logs, :class:`RedactPayloads` replaces them with their sizes.
+
+What of pygls this relies on beyond its documented use (``LanguageServer(protocol_cls=)``,
+``@server.feature``, ``set_writer``, ``notify``, ``handle_message``,
+``structure_message``, ``get_message_type``, ``report_server_error``); pygls has no
+public hook that answers a malformed message, so :class:`SpecdProtocol` reads messages
+itself and reaches these (tests/lsp/test_pygls_contract.py fails when one changes):
+
+- ``LanguageServerProtocol.__init__(server, converter)``: the constructor pygls calls for
+  ``protocol_cls``; the converter it is given structures params as pygls would.
+- ``lsp_method`` and the builtin handlers ``lsp_exit``,
+  ``lsp_text_document__did_open|did_change|did_close``: overridden by name, so that
+  ``exit`` ends the session rather than the process and document notifications skip
+  pygls' own copy of the documents.
+- ``fm.features``: the handlers those overrides hand a notification to.
+- ``JsonRPCRequestMessage``/``JsonRPCNotification`` (``pygls.protocol``): the message
+  types pygls dispatches a method without typed params as.
 """
 
 from __future__ import annotations
@@ -28,12 +44,14 @@ from typing import Any
 import attrs
 import cattrs
 from lsprotocol import types
-from pygls.protocol import LanguageServerProtocol, lsp_method
-from pygls.protocol.json_rpc import (
+from pygls.protocol import (
     JsonRPCNotification,
     JsonRPCRequestMessage,
-    JsonRPCResponseMessage,
+    LanguageServerProtocol,
+    lsp_method,
 )
+
+from specd.jsonrpc import frame
 
 log = logging.getLogger(__name__)
 
@@ -61,11 +79,17 @@ class SpecdProtocol(LanguageServerProtocol):
 
     Document notifications go straight to the server's handlers: the server keeps its
     documents in :mod:`specd.lsp.documents`, so pygls' copy is not maintained twice.
+
+    :param server: the session's server (it has ``end_session``).
+    :param converter: the cattrs converter pygls structures messages with.
     """
 
-    def __init__(self, server, converter) -> None:
+    def __init__(self, server: Any, converter: cattrs.Converter) -> None:
         super().__init__(server, converter)
+        self.session = server
+        self.converter = converter
         self.initialize_seen = False
+        self.shutdown_seen = False
         self.exit_code: int | None = None
 
     # -- entry point from the transport ----------------------------------------------------
@@ -74,7 +98,7 @@ class SpecdProtocol(LanguageServerProtocol):
         """Parse, check and dispatch one message body."""
         try:
             data = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as e:
+        except (ValueError, UnicodeDecodeError, RecursionError) as e:
             self.send_error(
                 None,
                 PARSE_ERROR,
@@ -123,7 +147,7 @@ class SpecdProtocol(LanguageServerProtocol):
                     msg_id, SERVER_NOT_INITIALIZED, f"{method}: the server is not initialized yet"
                 )
             return  # notifications before initialize are dropped, as the LSP asks
-        if is_request and self._shutdown and method != types.EXIT:
+        if is_request and self.shutdown_seen and method != types.EXIT:
             self.send_error(msg_id, INVALID_REQUEST, f"{method}: the server is shutting down")
             return
         if method == types.INITIALIZE:
@@ -136,32 +160,29 @@ class SpecdProtocol(LanguageServerProtocol):
                 self.send_error(
                     msg_id, INTERNAL_ERROR, f"{method}: internal error (see the server log)"
                 )
+        if is_request and method == types.SHUTDOWN:
+            self.shutdown_seen = True
 
     def send_error(self, msg_id: Any, code: int, message: str) -> None:
-        self._send_data(
-            {"jsonrpc": "2.0", "id": msg_id, "error": {"code": code, "message": message}}
-        )
+        """Answer ``msg_id`` (None: a message whose id could not be read) with an error."""
+        if self.writer is None:
+            log.error("no transport to answer with %s: %s", code, message)
+            return
+        error = {"jsonrpc": "2.0", "id": msg_id, "error": {"code": code, "message": message}}
+        self.writer.write(frame(error))
 
     def _structure(self, data: dict[str, Any], has_id: bool, method: str | None) -> Any:
-        typed = (
-            (TYPED_METHODS.get(method) or self.get_message_type(method))
-            if method is not None
-            else None
-        )
-        if typed is None and method is not None:
-            # Our own methods (specd/...) and unknown ones: params stay plain JSON.
-            if has_id:
-                return JsonRPCRequestMessage(
-                    id=data["id"], method=method, jsonrpc="2.0", params=data.get("params")
-                )
-            return JsonRPCNotification(method=method, jsonrpc="2.0", params=data.get("params"))
+        if method is None:  # a response to a request of ours: pygls knows its result type
+            return self.structure_message(data)
+        typed = TYPED_METHODS.get(method) or self.get_message_type(method)
         if typed is not None:
-            return self._converter.structure(data, typed)
-        if "error" in data:
-            return self._converter.structure(data, types.ResponseErrorMessage)
-        return self._converter.structure(
-            data, self._result_types.pop(data["id"], None) or JsonRPCResponseMessage
-        )
+            return self.converter.structure(data, typed)
+        # Our own methods (specd/...) and unknown ones: params stay plain JSON.
+        if has_id:
+            return JsonRPCRequestMessage(
+                id=data["id"], method=method, jsonrpc="2.0", params=data.get("params")
+            )
+        return JsonRPCNotification(method=method, jsonrpc="2.0", params=data.get("params"))
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -169,8 +190,8 @@ class SpecdProtocol(LanguageServerProtocol):
     def lsp_exit(self, *args) -> None:  # type: ignore[override]
         """``exit``: end this session (0 after ``shutdown``, else 1), not the process: the
         transport decides what ending a session means."""
-        self.exit_code = 0 if self._shutdown else 1
-        self._server.end_session()  # type: ignore[attr-defined]
+        self.exit_code = 0 if self.shutdown_seen else 1
+        self.session.end_session()
 
     # -- documents go to the server's own store -----------------------------------------------
 

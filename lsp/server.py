@@ -10,7 +10,8 @@ Methods: ``initialize``/``initialized``, ``textDocument/didOpen|didChange|didClo
 (incremental sync), ``textDocument/inlineCompletion``, ``textDocument/completion`` (with
 partial results), ``workspace/didChangeConfiguration``, ``workspace/executeCommand``
 (``specd.accepted``), and two of our own: ``specd/stats`` and ``specd/complete``; their
-handlers are in :mod:`.handlers`.
+handlers are registered by :func:`.handlers.build_server`, which makes a server for each
+connection (a server built here directly has none: its methods are called in-process).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pygls.lsp.server import LanguageServer
 from specd import __version__
 
 from . import convert, prompting
-from .answers import ACCEPT_COMMAND, Answers
+from .answers import Answers
 from .completer import CompletionRequest, CompletionResult, chars_per_token, cursor_at
 from .config import overlay
 from .documents import UTF16, DocumentStore, Position
@@ -78,11 +79,6 @@ class SpecdServer(Answers, LanguageServer):
             version_of=lambda uri: getattr(self.documents.get(uri), "version", None),
             request_ahead=lambda uri, pos: self.request_at(uri, pos, AHEAD_CHARS),
         )
-        from .handlers import FEATURES, accepted  # they import this module for their types
-
-        for method, options, handler in FEATURES:
-            self.feature(method, options)(handler)
-        self.command(ACCEPT_COMMAND)(accepted)
 
     # -- session ------------------------------------------------------------------------------
 

@@ -26,21 +26,28 @@ recomputed.
 ``model`` names the draft model: an alias or local Hugging Face directory sharing the
 target's tokenizer (as for ``--model``), ``target`` to draft with the served model itself
 (acceptance close to 1; a reference point), or ``tiny:SEED`` for a tiny random model over the
-target's vocabulary built by :func:`specd.forward.tiny.tiny_model` (for tests and
+target's vocabulary built by :func:`specd.tiny_model` (for tests and
 ``specd verify``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import torch
 
-from specd import BadInputError, Draft, DraftContext, Drafter, Target, hookimpl, sample, warp
-
-if TYPE_CHECKING:
-    from specd.kvcache import KVCache
+from specd import (
+    BadInputError,
+    Draft,
+    DraftContext,
+    Drafter,
+    KVCache,
+    Target,
+    hookimpl,
+    sample,
+    warp,
+)
 
 TREES = ("chain", "iid", "topk")
 
@@ -94,7 +101,7 @@ class DraftModelDrafter(Drafter):
     # -- the model and its cache ----------------------------------------------------------
 
     def _load_named(self) -> Target:
-        from specd.forward.models import load_target
+        from specd import load_target
 
         return load_target(self.model_spec, dtype=self.dtype, device=self.device)
 
@@ -227,10 +234,10 @@ DRAFT_LOGIT_SCALE = 6.0
 
 
 def tiny_draft_model(vocab_size: int, seed: int) -> torch.nn.Module:
-    """What ``model=tiny:SEED`` loads: :func:`specd.forward.tiny.tiny_model` (two layers) in
+    """What ``model=tiny:SEED`` loads: :func:`specd.tiny_model` (two layers) in
     float32, its output scaled by :data:`DRAFT_LOGIT_SCALE`. With the same seed it has the
     weights of ``specd verify``'s tiny target."""
-    from specd.forward.tiny import tiny_model
+    from specd import tiny_model
 
     return tiny_model(vocab_size, seed=seed, dtype=torch.float32, logit_scale=DRAFT_LOGIT_SCALE)
 

@@ -22,7 +22,9 @@ if TYPE_CHECKING:
         SpecdError,
         UnknownPluginError,
     )
+    from .forward.models import load_target
     from .forward.target import Target
+    from .forward.tiny import tiny_model
     from .generation import Completion, Delta, Generation
     from .healing import Constraint
     from .hookspecs import hookimpl
@@ -67,10 +69,12 @@ _SOURCES = {
     "find_stop": "textstream",
     "held_back": "textstream",
     "hookimpl": "hookspecs",
+    "load_target": "forward.models",
     "make_drafter": "registry",
     "percentile": "stats",
     "request_memory": "limits",
     "sample": "sampling",
+    "tiny_model": "forward.tiny",
     "warp": "sampling",
 }
 
@@ -104,10 +108,12 @@ __all__ = [
     "find_stop",
     "held_back",
     "hookimpl",
+    "load_target",
     "make_drafter",
     "percentile",
     "request_memory",
     "sample",
+    "tiny_model",
     "warp",
 ]
 

@@ -1,7 +1,10 @@
 """JSON-RPC over the LSP base protocol, for talking to a language server as an editor does.
 
 ``frame`` and ``read_frame`` put a message on the wire and take one off
-(``Content-Length`` header, blank line, UTF-8 JSON body). :class:`ServerProcess` starts a
+(``Content-Length`` header, blank line, UTF-8 JSON body); they are the one framing specd
+has: the language server answers through ``frame``, and its command-line client and the
+session benchmark read with ``read_frame``. A public module of specd, like
+:mod:`specd.options`. :class:`ServerProcess` starts a
 server command as a subprocess and talks to it over its stdin and stdout: requests wait for
 their answer, notifications from the server are kept, and requests from the server are
 answered with ``null`` the way a minimal editor declines them. The session benchmark
@@ -21,6 +24,8 @@ from typing import IO, Any
 
 from .errors import SpecdError
 
+__all__ = ["ServerError", "ServerProcess", "frame", "read_frame"]
+
 #: Lines of the server's stderr kept for error messages.
 STDERR_LINES = 20
 
@@ -36,7 +41,11 @@ def frame(message: dict[str, Any]) -> bytes:
 
 
 def read_frame(stream: IO[bytes]) -> dict[str, Any] | None:
-    """Read one framed JSON-RPC message from a binary stream; None at end of input."""
+    """Read one framed JSON-RPC message from a binary stream; None at end of input.
+
+    :raises ValueError: a ``Content-Length`` that is not a number, a body cut short, or a
+        body that is not a JSON object.
+    """
     length = None
     while True:
         line = stream.readline()
@@ -45,11 +54,20 @@ def read_frame(stream: IO[bytes]) -> dict[str, Any] | None:
         if line in (b"\r\n", b"\n"):
             if length is not None:
                 break
-            continue
+            continue  # a blank line between messages
         name, _, value = line.decode("latin-1").partition(":")
         if name.strip().lower() == "content-length":
-            length = int(value)
-    return json.loads(stream.read(length))
+            try:
+                length = int(value)
+            except ValueError:
+                raise ValueError(f"Content-Length {value.strip()[:40]!r} is not a number") from None
+    body = stream.read(length)
+    if len(body) < length:
+        raise ValueError(f"the message ended after {len(body)} of its {length} bytes")
+    message = json.loads(body)
+    if not isinstance(message, dict):
+        raise ValueError(f"the message is a JSON {type(message).__name__}, not an object")
+    return message
 
 
 class ServerProcess:
