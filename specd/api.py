@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
@@ -120,6 +120,11 @@ class ExitPolicy:
     """How much to speculate: draft budget, when to stop drafting, when to give up."""
 
     name: ClassVar[str] = ""
+    #: What verifying costs on this host: ``pass_cost(n)`` is the time of a target pass over
+    #: ``n`` tokens (the pending token and ``n - 1`` draft tokens) relative to a one-token
+    #: step, as measured when the model was loaded (``Target.pass_cost``). The engine sets
+    #: it on the instance before :meth:`start`; None where the target was not priced.
+    pass_cost: Callable[[int], float] | None = None
 
     def start(self, max_budget: int) -> None:
         """A request starts; budgets must stay within ``max_budget``."""

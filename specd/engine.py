@@ -110,7 +110,7 @@ class Engine:
         packed_weights: str = "off",
         **engine_options: Any,
     ) -> Engine:
-        """Load a model offline and build an engine around it.
+        """Load a model offline, price its verify passes and build an engine around it.
 
         :param model: as ``--model`` takes it (:func:`specd.forward.models.load_target`).
         :param compile, prefill_dtype, packed_weights: :meth:`specd.Target.compile`,
@@ -124,6 +124,7 @@ class Engine:
         target.set_prefill_dtype(prefill)
         target.pack_weights(packed_weights)
         target.compile(compile)
+        target.price_passes()
         return cls(target, **engine_options)
 
     # -- public API ---------------------------------------------------------------------
@@ -132,20 +133,17 @@ class Engine:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def heal(self, prompt: Sequence[int]) -> tuple[list[int], Constraint | None]:
-        """Token healing: the prompt backed up to a clean token boundary, and the constraint
-        that makes the generation write the removed text again (see :mod:`specd.healing`).
-        Pass both to :meth:`stream`."""
+        """Token healing (:mod:`specd.healing`): the prompt backed up to a clean token boundary
+        and the constraint that writes the removed text again; pass both to :meth:`stream`."""
         return heal(prompt, self.token_bytes)
 
     @functools.cached_property
     def limits(self) -> ContextLimits:
-        """The model's context window and longest token (the vocabulary is read on first use):
-        every prompt is held to them before it is tokenized or run."""
+        """The model's context window and longest token, which every prompt is held to."""
         return ContextLimits.of(self.target)
 
     def request_memory(self, tokens: int) -> RequestMemory:
-        """The most memory a request over ``tokens`` positions takes beyond the weights
-        (:func:`specd.limits.request_memory`)."""
+        """The most memory a request over ``tokens`` positions takes beyond the weights."""
         return request_memory(self.target, tokens, FEED_TOKENS + self.max_draft + 1)
 
     @functools.cached_property
@@ -272,18 +270,15 @@ class Engine:
             stats.total_s = time.perf_counter() - t_start
             return Completion(text="", token_ids=[], stats=stats)
 
-        spec = Speculation(
-            self.guard,
-            req,
-            max_draft=self.max_draft,
-            vocab_size=self.target.vocab_size,
-            stats=stats,
-        )
+        vocab = self.target.vocab_size
+        spec = Speculation(self.guard, req, max_draft=self.max_draft, vocab_size=vocab, stats=stats)
+        if spec.policy is not None:  # what verifying costs here (priced again if the step changed)
+            spec.policy.pass_cost = self.target.price_passes() if self.target.pass_costs else None
         ctx = DraftContext(
             tokens=list(req.prompt),
             params=req.params,
             generator=make_generator(req.params.seed),
-            vocab_size=self.target.vocab_size,
+            vocab_size=vocab,
             target=self.target,
             corpus=req.corpus,
             exit_policy=spec.policy,
@@ -291,9 +286,7 @@ class Engine:
             hidden=cache.prompt_features(stats.reused_tokens, hidden),
         )
         out = Emitter(self.tokenizer, req.params, self.target.eos_token_ids, stats, t_start)
-        guide = None
-        if req.constraint is not None:
-            guide = Guide(req.constraint, self.token_bytes, self.target.vocab_size)
+        guide = None if req.constraint is None else Guide(req.constraint, self.token_bytes, vocab)
         fed = list(req.prompt[cache.length :])  # the pending token, and what was left
         held = cache.length  # the cache holds ctx.tokens[:held]
         try:

@@ -1,6 +1,6 @@
 """The step kernel is checked before it serves: ``compile("auto")`` on a CPU runs its first
 one- and five-token passes beside the eager ones, and a kernel whose logits or hidden states
-differ by more than :data:`specd.forward.decode_step.TOLERANCE` of their scale is refused, logged
+differ by more than :data:`specd.forward.step.TOLERANCE` of their scale is refused, logged
 with the reason, and every pass runs eager.
 
 The kernel here is a stand-in (its passes are the eager pass's, changed on purpose), so
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from specd import Engine, SamplingParams
-from specd.forward import cpu_kernels, decode_step
+from specd.forward import cpu_kernels, decode_step, step
 from specd.forward.target import Target
 from specd.forward.tiny import CharTokenizer, tiny_model
 
@@ -88,7 +88,7 @@ def _wrong_hidden(t, logits, hidden):
 
 def _float32_rounding(t, logits, hidden):
     # every logit of a row moved alike: the same distributions and the same argmax
-    return logits + 0.2 * decode_step.TOLERANCE * _scale(logits), hidden
+    return logits + 0.2 * step.TOLERANCE * _scale(logits), hidden
 
 
 def _eager_output(model, drafter: str) -> list[int]:

@@ -1,23 +1,17 @@
 """specd's step kernel from Python: a decode or verify pass of a Llama-style decoder in one
-call of ``specd/csrc/decode_step.cpp`` (built and loaded by :mod:`specd.cpu_kernels`), and
-how the compiled step's ``kernel`` backend (:mod:`specd.compiled`) builds it over a lean
-forward's weights, checks it against the eager pass and runs a pass through it.
+call of ``specd/csrc/decode_step.cpp`` (built and loaded by :mod:`specd.cpu_kernels`), built
+over a lean forward's weights (:func:`for_decoder`) and run on a cache (:func:`run`) by the
+``kernel`` step backend (:class:`specd.forward.compiled.KernelStep`), which also checks it
+against the eager pass (:func:`specd.forward.step.check`).
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import torch
 
 from ..kvcache import KVCache
 from . import cpu_kernels
 from .fastpath import FastDecoder
-
-#: The most a kernel pass's logits or hidden states may differ from the eager pass's,
-#: relative to their largest magnitude, before the kernel is refused (float32 sums in
-#: another order differ by ~1e-6).
-TOLERANCE = 1e-4
 
 #: The order of a layer's weights in :class:`DecodeStep` (biases may be None).
 LAYER_WEIGHTS = ("ln1", "wq", "bq", "wk", "bk", "wv", "bv", "wo", "bo", "ln2", "wg", "wu", "wd")
@@ -189,7 +183,8 @@ def for_decoder(fast: FastDecoder) -> DecodeStep:
 
 
 def usable(fast: FastDecoder) -> bool:
-    """Whether the step kernel loads here and takes ``fast``'s model."""
+    """Whether the step kernel loads here and takes ``fast``'s model (it builds one to find
+    out; a load builds its kernel once, in :class:`specd.forward.compiled.KernelStep`)."""
     if fast.embed.device.type != "cpu" or not cpu_kernels.available():
         return False
     try:
@@ -226,31 +221,3 @@ def run(
         return None
     cos, sin = fast.rotary_tables(fast.embed[None, :1], position_ids)
     return step(ids[0], cos, sin, buffers, past, tree)
-
-
-@torch.inference_mode()
-def check(step: DecodeStep, fast: FastDecoder, new_cache: Callable[[], KVCache]) -> None:
-    """Compare a one-token step and a five-token pass through ``step`` with the eager ones,
-    on a scratch cache of 64 tokens.
-
-    :raises RuntimeError: where they differ by more than :data:`TOLERANCE`.
-    """
-    cache = new_cache()
-    n = 64
-    ids = torch.arange(n + 5)[None] % fast.embed.shape[0]
-    fast.forward(cache, ids[:, :n], torch.arange(n)[None], None)
-    for t in (1, 5):  # a step, and a pass verifying a draft
-        pos = torch.arange(n, n + t)[None]
-        new = ids[:, n : n + t]
-        want, want_h = fast.forward(cache, new, pos, None, hidden=True)
-        cache.crop(n)
-        got = run(step, fast, cache, new, pos)
-        if got is None:
-            raise RuntimeError("the step kernel did not run")
-        assert want_h is not None
-        for name, a, b in (("logits", got[0], want), ("hidden states", got[1], want_h)):
-            off = float((a - b).abs().max()) / max(1.0, float(b.abs().max()))
-            if not off <= TOLERANCE:
-                raise RuntimeError(
-                    f"its {name} over {t} tokens differ from the eager pass's by {off:.2e}"
-                )

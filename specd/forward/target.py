@@ -14,9 +14,11 @@ import torch.nn.functional as F
 
 from ..errors import BadInputError
 from ..kvcache import KVCache
-from . import decode_step, fastpath, lean_model, products
-from .compiled import CompiledStep
+from . import fastpath, lean_model, pricing, products
+from .compiled import CompiledStep, choose
 from .fastpath import FastDecoder
+from .pricing import PassCosts
+from .step import EagerStep
 
 log = logging.getLogger(__name__)
 
@@ -133,35 +135,57 @@ class Target:
         return int(getattr(cfg, "max_position_embeddings", 0) or 1 << 20)
 
     def compile(self, mode: str = "on", backend: str | None = None) -> CompiledStep | None:
-        """Compile the decode and verify step (:mod:`specd.compiled`).
+        """The decode and verify step: its backend chosen once (:func:`.compiled.choose`),
+        then built and checked once (:class:`.compiled.CompiledStep`).
 
-        :param mode: ``on`` (compile now; the first passes wait for it), ``background``
-            (compile in a thread while passes run eager), ``off``, or ``auto``: ``on`` on
-            CUDA, where graphs capture in seconds, and on CPUs where specd's step kernel
-            takes the model (ready in about a second); ``off`` elsewhere, where compiling
-            takes minutes (measured in docs/benchmarks.md).
-        :param backend: see :class:`specd.compiled.CompiledStep` (default: by device).
-        :returns: the compiled step, or None when the model has no lean forward to compile
-            (it then runs its own forward, eager).
+        :param mode: ``on`` (prepare it now; the first passes wait for it), ``background``
+            (in a thread while passes run eager), ``off``, or ``auto``: ``on`` but never
+            ``torch.compile`` on a CPU, where compiling takes minutes (docs/benchmarks.md):
+            CUDA graphs on CUDA, the step kernel where it takes the model, eager elsewhere.
+        :param backend: a name from :data:`.compiled.BACKENDS` (default: chosen by device,
+            dtype and host).
+        :returns: the compiled step (later calls return the same one), or None where passes
+            run eager (``off``, nothing better here, or a model without a lean forward).
         """
         if mode not in COMPILE_MODES:
             raise BadInputError(f"compile mode must be one of {COMPILE_MODES}, got {mode!r}")
-        if mode == "auto":
-            on = self.device.type == "cuda" or (
-                self.fast is not None
-                and (backend or "kernel") == "kernel"
-                and decode_step.usable(self.fast)
-            )
-            mode = "on" if on else "off"
         if mode == "off" or self.fast is None:
-            if mode != "off":
+            if mode in ("on", "background"):
                 log.warning("compiled step off: %s has no lean forward", type(self.model).__name__)
             self.compiled = None
             return None
         if self.compiled is None:
-            self.compiled = CompiledStep(self.fast, backend)
+            chosen = choose(self.fast, backend, slow=mode != "auto")
+            if isinstance(chosen, EagerStep):
+                return None
+            self.compiled = CompiledStep(self.fast, chosen)
             self.compiled.prepare(self.new_cache, background=mode == "background")
         return self.compiled
+
+    #: what verify passes cost on this host (:meth:`price_passes`), None until priced
+    pass_costs: PassCosts | None = None
+
+    def pass_cost(self, n: int) -> float:
+        """The time of a pass of ``n`` tokens relative to a one-token step on this host
+        (:mod:`specd.forward.pricing`); 1.0 for every ``n`` until :meth:`price_passes`."""
+        return (self.pass_costs or pricing.FLAT)(n)
+
+    def price_passes(self) -> PassCosts:
+        """Price passes of :data:`pricing.PRICE_TOKENS` tokens with the step that serves them
+        (the compiled one once ready, else eager) on a scratch cache, once per serving step:
+        after a background compile is ready or the step turns itself off, the next call
+        prices them again."""
+        step = self.compiled
+        serving = step.backend if step is not None and step.ready else "eager"
+        if self.pass_costs is not None and self.pass_costs.backend == serving:
+            return self.pass_costs
+        context = min(pricing.PRICE_CONTEXT, self.max_positions - 2 * pricing.PRICE_TOKENS[-1])
+        cache = self.new_cache(capacity=context + 2 * pricing.PRICE_TOKENS[-1])
+        gen = torch.Generator().manual_seed(0)
+        self.prefill(cache, torch.randint(0, self.vocab_size, (context,), generator=gen).tolist())
+        self.pass_costs = pricing.measure(self.forward, cache, self.vocab_size, backend=serving)
+        log.info("verify passes priced: %s", self.pass_costs)
+        return self.pass_costs
 
     def weight_bytes(self) -> int:
         """Bytes of parameters read by one forward step (tied weights counted once)."""

@@ -1,0 +1,119 @@
+"""What a verify pass costs on this host, relative to a one-token step.
+
+Verifying a draft of ``k`` tokens is one pass over ``k + 1`` tokens. Where that pass costs
+little more than a step (a memory-bound step on a CPU that streams every weight once), a
+long draft is nearly free; where it costs several steps (a wide pass on a few cores, a CUDA
+graph padded to the next bucket), a draft pays only if most of it is accepted. The exit
+policy weighs both (``ExitPolicy.pass_cost``), so the prices are measured once per load,
+with the backend that serves the passes, on a scratch cache (:func:`measure`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping
+
+import torch
+
+from ..errors import BadInputError
+from ..kvcache import KVCache
+
+#: Pass widths priced: the pending token and drafts of 1, 3, 7 and 15 tokens.
+PRICE_TOKENS = (1, 2, 4, 8, 16)
+#: Cached tokens the priced passes attend over (an editor's prompt is longer, but at this
+#: model size a step reads the weights far more than the cache).
+PRICE_CONTEXT = 256
+#: Timed rounds over every width, after one warm-up round.
+ROUNDS = 5
+
+
+class PassCosts:
+    """The time of a pass of ``n`` tokens relative to a one-token step: ``costs(n)``;
+    between priced widths the price is interpolated, past the widest extrapolated along the
+    last two.
+
+    :param prices: pass tokens -> relative time; must price the one-token step (``1``).
+    :param backend: the step backend that ran the priced passes ("" where none did).
+    :raises BadInputError: a table without ``1``, a width below 1, a price not positive.
+    """
+
+    def __init__(self, prices: Mapping[int, float], backend: str = "") -> None:
+        if 1 not in prices:
+            raise BadInputError(f"pass costs must price the one-token pass (1), got {prices}")
+        for n, cost in prices.items():
+            if int(n) != n or n < 1 or not (math.isfinite(cost) and cost > 0):
+                raise BadInputError(
+                    f"pass costs: {n} tokens priced {cost}; widths are whole numbers >= 1 and "
+                    "prices positive"
+                )
+        self.prices = {int(n): float(prices[n]) for n in sorted(prices)}
+        self.backend = backend
+
+    def __call__(self, n: int) -> float:
+        if n < 1:
+            raise BadInputError(f"a pass holds at least one token, got {n}")
+        widths = list(self.prices)
+        if n in self.prices:
+            return self.prices[n]
+        lo = max((w for w in widths if w < n), default=widths[0])
+        hi = min((w for w in widths if w > n), default=None)
+        if hi is None:  # past the widest: along the last two, or flat with one width
+            if len(widths) == 1:
+                return self.prices[lo]
+            lo, hi = widths[-2], widths[-1]
+        slope = (self.prices[hi] - self.prices[lo]) / (hi - lo)
+        return self.prices[lo] + slope * (n - lo)
+
+    def __repr__(self) -> str:
+        table = ", ".join(f"{n}: {c:.2f}" for n, c in self.prices.items())
+        return f"PassCosts({{{table}}}, backend={self.backend!r})"
+
+
+#: Every pass priced like a step: what a target that was never priced implies.
+FLAT = PassCosts({1: 1.0})
+
+
+@torch.inference_mode()
+def measure(
+    forward: Callable[[KVCache, list[int]], object],
+    cache: KVCache,
+    vocab: int,
+    *,
+    widths: tuple[int, ...] = PRICE_TOKENS,
+    rounds: int = ROUNDS,
+    backend: str = "",
+) -> PassCosts:
+    """Time ``forward`` over chains of each of ``widths`` tokens on top of ``cache`` (rolled
+    back after each), in ``rounds`` rounds after a warm-up round, the widths interleaved
+    so that other work on a shared machine slows them alike. A width's price is its fastest
+    pass (the least disturbed) over the fastest one-token pass; a wider pass measured
+    cheaper than a narrower one is noise and gets the narrower one's price.
+
+    :param widths: must hold 1.
+    """
+    if 1 not in widths or rounds < 1:
+        raise BadInputError(f"pricing needs the one-token pass and a round, got {widths}, {rounds}")
+    past = cache.length
+    gen = torch.Generator().manual_seed(0)
+    best = dict.fromkeys(widths, math.inf)
+    sync = torch.cuda.synchronize if torch.device(cache.device).type == "cuda" else _no_sync
+    for r in range(rounds + 1):
+        for n in widths:
+            tokens = torch.randint(0, vocab, (n,), generator=gen).tolist()
+            sync()
+            t0 = time.perf_counter()
+            forward(cache, tokens)
+            sync()
+            if r:
+                best[n] = min(best[n], time.perf_counter() - t0)
+            cache.crop(past)
+    prices, floor = {}, 0.0
+    for n in sorted(widths):
+        floor = max(floor, best[n] / best[1])
+        prices[n] = floor
+    return PassCosts(prices, backend)
+
+
+def _no_sync() -> None:
+    pass

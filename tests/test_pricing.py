@@ -1,0 +1,142 @@
+"""Verify passes are priced once per load, with the step that serves them, and the exit
+policy is handed the prices (specd/forward/pricing.py, ``Target.price_passes``)."""
+
+from __future__ import annotations
+
+import pytest
+from specd.plugins.policies import AdaptivePolicy
+
+from specd import Engine, SamplingParams
+from specd.errors import BadInputError
+from specd.forward import pricing
+from specd.forward.pricing import FLAT, PRICE_TOKENS, PassCosts, measure
+from specd.forward.tiny import tiny_target
+
+
+def test_prices_between_and_past_the_priced_widths():
+    """Guards against a draft length whose pass was not priced falling back to a step's
+    price (a 6-token pass as cheap as one token), and against prices past the widest pass
+    that stop growing."""
+    costs = PassCosts({1: 1.0, 2: 1.2, 4: 2.0, 8: 4.0})
+    assert costs(1) == 1.0 and costs(4) == 2.0
+    assert costs(3) == pytest.approx(1.6)
+    assert costs(6) == pytest.approx(3.0)
+    assert costs(12) == pytest.approx(6.0)  # along the last two
+    assert FLAT(1) == FLAT(16) == 1.0
+
+
+@pytest.mark.parametrize(
+    "prices, what",
+    [({2: 1.5}, "one-token pass"), ({1: 1.0, 0: 0.5}, "0 tokens"), ({1: 0.0}, "priced 0.0"),
+     ({1: 1.0, 4: float("nan")}, "priced nan")],
+)  # fmt: skip
+def test_a_bad_price_table_is_refused_naming_what_was_wrong(prices, what):
+    with pytest.raises(BadInputError, match=what):
+        PassCosts(prices)
+    with pytest.raises(BadInputError, match="at least one token"):
+        FLAT(0)
+
+
+class _Clock:
+    """Stands in for ``time.perf_counter``: a pass of n tokens takes ``cost[n]`` seconds,
+    plus ``extra`` seconds the first time each width runs in a timed round."""
+
+    def __init__(self, cost: dict[int, float], disturbed: dict[int, float]) -> None:
+        self.now, self.cost, self.disturbed = 0.0, cost, dict(disturbed)
+
+    def __call__(self) -> float:
+        return self.now
+
+    def forward(self, cache, tokens) -> None:
+        n = len(tokens)
+        self.now += self.cost[n] + self.disturbed.pop(n, 0.0)
+
+
+class _Cache:
+    length = 100
+    device = "cpu"
+
+    def __init__(self) -> None:
+        self.crops: list[int] = []
+
+    def crop(self, length: int) -> None:
+        self.crops.append(length)
+
+
+def test_measure_takes_each_widths_fastest_pass_over_the_fastest_step(monkeypatch):
+    """Guards against prices from one disturbed pass (a shared machine), against prices not
+    relative to the one-token step, against a wider pass priced below a narrower one (noise
+    would make the policy draft longer), and against a cache not rolled back after a pass."""
+    cost = {1: 0.010, 2: 0.012, 4: 0.011, 8: 0.040, 16: 0.080}
+    clock = _Clock(cost, disturbed={8: 1.0})  # the warm-up round: not counted
+    monkeypatch.setattr(pricing.time, "perf_counter", clock)
+    cache = _Cache()
+    got = measure(clock.forward, cache, vocab=10, backend="kernel")
+    assert got.backend == "kernel" and list(got.prices) == list(PRICE_TOKENS)
+    assert got.prices[1] == 1.0 and got.prices[2] == pytest.approx(1.2)
+    assert got.prices[4] == pytest.approx(1.2)  # measured cheaper than 2 tokens: noise
+    assert got.prices[8] == pytest.approx(4.0) and got.prices[16] == pytest.approx(8.0)
+    assert cache.crops == [100] * (len(PRICE_TOKENS) * (pricing.ROUNDS + 1))
+
+
+def test_a_target_prices_its_passes_once_per_serving_step():
+    """Guards against pricing the eager pass and keeping that price once a compiled step
+    serves (a background compile that became ready), and against measuring again on every
+    request (each pricing costs tens of passes)."""
+    target = tiny_target(40, num_layers=1, seed=2)
+    assert target.pass_costs is None and target.pass_cost(8) == 1.0  # not priced yet
+    eager = target.price_passes()
+    assert eager.backend == "eager" and list(eager.prices) == list(PRICE_TOKENS)
+    assert all(a <= b for a, b in zip(list(eager.prices.values()), list(eager.prices.values())[1:]))
+    assert target.price_passes() is eager  # the same step: not measured again
+    step = target.compile("on", backend="static")
+    assert step is not None and step.ready
+    served = step.served
+    static = target.price_passes()
+    assert static is not eager and static.backend == "static"
+    assert step.served > served  # its passes ran the compiled step
+    assert target.pass_cost(16) == static.prices[16]
+
+
+def test_engine_load_prices_the_passes():
+    engine = Engine.load("tiny", drafter="none")
+    costs = engine.target.pass_costs
+    assert costs is not None and costs.backend == "eager"  # the tiny model: no kernel
+    assert costs.prices[1] == 1.0 and costs(16) >= costs(2) >= 1.0
+
+
+def test_where_wide_passes_cost_more_the_engine_drafts_shorter():
+    """Guards against prices that never reach the policy: the same requests over the same
+    target draft fewer tokens per step where an 8-token pass costs four steps than where
+    every pass costs one, and write the same tokens (the policy only chooses lengths)."""
+    target = tiny_target(40, num_layers=1, seed=6, logit_scale=8.0)  # it writes a loop
+    prompt = "ABCDABCDABCDABCD ABCDABCD ABCDABCD"
+    runs = {}
+    for name, costs in (("flat", FLAT), ("costly", PassCosts({1: 1, 2: 1.5, 4: 2.2, 8: 4}))):
+        target.pass_costs = PassCosts(costs.prices, backend="eager")  # as priced: not again
+        engine = Engine(target, drafter="ngram", max_draft=8)
+        out = engine.generate(prompt, SamplingParams(max_tokens=64))
+        runs[name] = out
+        assert target.pass_costs.prices == costs.prices  # handed over, not measured again
+    flat, costly = runs["flat"].stats, runs["costly"].stats
+    assert runs["costly"].token_ids == runs["flat"].token_ids
+    assert costly.drafted / costly.target_steps < flat.drafted / flat.target_steps
+
+
+def test_the_policy_is_told_the_targets_prices_or_none(monkeypatch):
+    """Guards against a policy told a made-up table (say, every pass free) for a target
+    nobody priced, and against one never told the table of a target that was priced."""
+    seen = []
+    start = AdaptivePolicy.start
+
+    def spy(self, max_budget):
+        seen.append(self.pass_cost)
+        return start(self, max_budget)
+
+    monkeypatch.setattr(AdaptivePolicy, "start", spy)
+    target = tiny_target(40, num_layers=1, seed=4, logit_scale=8.0)
+    engine = Engine(target, drafter="ngram")
+    engine.generate("ABCABC ABCABC", SamplingParams(max_tokens=8))
+    target.pass_costs = PassCosts({1: 1.0, 8: 2.0}, backend="eager")
+    engine.generate("ABCABC ABCABC", SamplingParams(max_tokens=8))
+    assert seen == [None, target.pass_costs] and seen[1] is target.pass_costs
