@@ -2,7 +2,13 @@
 
 ``fixed`` always asks for the full budget. ``adaptive`` tracks acceptance: it grows the
 budget when drafts are accepted whole, shrinks it when they are not, falls back to plain
-decoding when acceptance collapses, and probes again after a while.
+decoding when acceptance collapses, and probes again after a while. Within that budget it
+drafts the length that yields the most tokens per unit of target time on this host
+(``ExitPolicy.pass_cost``): a draft of ``k`` tokens is verified by a pass over ``k + 1``,
+which costs ``pass_cost(k + 1)`` one-token steps, and yields ``1 + a1 + a1*a2 + ...``
+tokens, ``aj`` the recent rate at which draft position ``j`` was accepted once the ones
+before it were. Where a wide pass costs about a step that is the whole budget; where it
+costs several, a shorter draft. It only chooses lengths: the output is the verifier's.
 """
 
 from __future__ import annotations
@@ -34,7 +40,8 @@ class FixedPolicy(ExitPolicy):
 class AdaptivePolicy(ExitPolicy):
     """:param start_budget: first budget. :param min_confidence: stop drafting below it.
     :param collapse: acceptance rate (EMA) under which speculation pauses.
-    :param probe_every: plain steps between probes while paused."""
+    :param probe_every: plain steps between probes while paused.
+    :param ema: the weight of the latest step in the acceptance rates it tracks."""
 
     name = "adaptive"
 
@@ -55,18 +62,40 @@ class AdaptivePolicy(ExitPolicy):
         self._budget = 0
         self._rate = 1.0
         self._paused_for = 0
+        self._accept: list[float] = []  # per draft position, given the ones before it
+        self._token_rate = 1.0  # per draft token tried, given the ones before it
+        self._asked: int | None = None  # the last budget chosen by price (None: a probe)
 
     def start(self, max_budget: int) -> None:
         self._max = max_budget
         self._budget = min(self.start_budget, max_budget)
         self._rate = 1.0
         self._paused_for = 0
+        self._accept = [1.0] * max_budget  # untried positions: hoped for, then measured
+        self._token_rate = 1.0
+        self._asked = None
 
     def draft_budget(self) -> int:
         if self._paused_for > 0:
             self._paused_for -= 1
+            self._asked = None
             return 0 if self._paused_for > 0 else max(1, min(2, self._max))  # probe
-        return self._budget
+        self._asked = self._priced(self._budget)
+        return self._asked
+
+    def _priced(self, budget: int) -> int:
+        """The draft length up to ``budget`` with the most expected tokens per unit of
+        target time (the shorter one on a tie); ``budget`` where passes are not priced."""
+        if self.pass_cost is None:
+            return budget
+        best_k, best, expected, reach = budget, 0.0, 1.0, 1.0
+        for k in range(1, budget + 1):
+            reach *= self._accept[k - 1]  # P(the first k draft tokens are all accepted)
+            expected += reach  # tokens a k-token draft yields, the verifier's own included
+            value = expected / self.pass_cost(k + 1)
+            if value > best:
+                best_k, best = k, value
+        return best_k
 
     def continue_drafting(self, position: int, confidence: float) -> bool:
         return confidence >= self.min_confidence
@@ -74,12 +103,26 @@ class AdaptivePolicy(ExitPolicy):
     def observe(self, drafted: int, accepted: int) -> None:
         if drafted == 0:
             return
+        # Positions tried: the accepted ones and the first rejected (none after it was
+        # judged). The others drift toward the rate of the tried ones, so that a position
+        # not drafted for a while is judged by recent acceptance, not by its last outcome.
+        tried = min(accepted + 1, drafted)
+        self._token_rate += self.ema * (
+            accepted / (accepted + (tried > accepted)) - self._token_rate
+        )
+        for j in range(len(self._accept)):
+            rate = (1.0 if j < accepted else 0.0) if j < tried else self._token_rate
+            self._accept[j] += self.ema * (rate - self._accept[j])
         rate = accepted / drafted
         self._rate = (1 - self.ema) * self._rate + self.ema * rate
         if accepted == drafted:
             self._budget = min(self._max, max(self._budget, drafted) * 2)
         elif accepted < drafted // 2:
             self._budget = max(1, (self._budget + 1) // 2)
+        if accepted < drafted and self._asked is not None:
+            # the priced choice may have been shorter than the budget; a rejection must not
+            # let the next one grow past it (the rates of the accepted positions just rose)
+            self._budget = min(self._budget, self._asked)
         if self._rate < self.collapse:
             self._paused_for = self.probe_every + 1  # probe_every plain steps, then a probe
             self._rate = self.collapse  # a probe's success lifts it back above the line

@@ -1,9 +1,12 @@
 """The ``adaptive`` exit policy's contract (plugins/policies.py): its budget stays within
 ``max_budget``, grows after a draft accepted whole, never grows after a rejection, pauses
 speculation when acceptance collapses and probes again later; drafters stop below its
-confidence line. ``fixed`` asks for its budget, capped."""
+confidence line; within its budget it drafts shorter where wide verify passes cost more.
+``fixed`` asks for its budget, capped."""
 
 from __future__ import annotations
+
+import random
 
 import pytest
 from hypothesis import given
@@ -11,10 +14,19 @@ from hypothesis import strategies as st
 from specd.plugins.policies import AdaptivePolicy, FixedPolicy
 
 from specd import registry
+from specd.forward.pricing import PassCosts
+
+#: a host where every pass costs a step (no table at all behaves the same)
+FLAT = PassCosts({1: 1.0})
+#: a host where an 8-token pass costs four steps
+COSTLY = PassCosts({1: 1.0, 2: 1.5, 4: 2.2, 8: 4.0, 16: 8.0})
+#: a host where wide passes cost little (a memory-bound step on a CPU)
+CHEAP = PassCosts({1: 1.0, 2: 1.05, 4: 1.15, 8: 1.4, 16: 2.0})
 
 
-def adaptive(max_budget: int = 8, **options) -> AdaptivePolicy:
+def adaptive(max_budget: int = 8, costs: PassCosts | None = None, **options) -> AdaptivePolicy:
     policy = AdaptivePolicy(**options)
+    policy.pass_cost = costs
     policy.start(max_budget)
     return policy
 
@@ -169,13 +181,16 @@ _STEPS = st.lists(st.tuples(st.integers(1, 20), st.integers(0, 20)), max_size=80
     probe_every=st.integers(1, 12),
     collapse=st.floats(0.0, 0.9),
     steps=_STEPS,
+    costs=st.sampled_from([None, FLAT, COSTLY, CHEAP]),
 )
 def test_any_history_keeps_the_budget_in_bounds_and_never_grows_it_after_a_rejection(
-    max_budget, start_budget, probe_every, collapse, steps
+    max_budget, start_budget, probe_every, collapse, steps, costs
 ):
     """Guards against a budget over ``max_budget`` or negative, and a budget grown right
-    after a rejection, whatever the history of acceptance before it."""
-    policy = adaptive(max_budget, start_budget=start_budget, probe_every=probe_every,
+    after a rejection, whatever the history of acceptance before it and the price of a
+    pass (a rejection raises the rates of the positions it accepted, which alone would
+    make a longer priced draft look better)."""
+    policy = adaptive(max_budget, costs, start_budget=start_budget, probe_every=probe_every,
                       collapse=collapse)  # fmt: skip
     for offered, accepted in steps:
         budget = policy.draft_budget()
@@ -201,3 +216,66 @@ def test_fixed_asks_for_its_budget_capped_by_max_budget():
     assert policy.draft_budget() == 3
     policy.start(2)
     assert policy.draft_budget() == 2
+
+
+def _accepted(seed: int, steps: int, rate: float) -> list[int]:
+    """Per step, how many leading draft tokens a target accepts when each is accepted with
+    probability ``rate`` once the ones before it were (cut to the draft later)."""
+    rnd = random.Random(seed)
+    out = []
+    for _ in range(steps):
+        n = 0
+        while n < 16 and rnd.random() < rate:
+            n += 1
+        out.append(n)
+    return out
+
+
+def _budgets(costs: PassCosts | None, accepted: list[int], **options) -> list[int]:
+    policy = adaptive(8, costs, **options)
+    return [step(policy, a) for a in accepted]
+
+
+def test_a_flat_price_table_changes_nothing():
+    """Guards against a policy that drafts differently where every pass costs a step than
+    where passes were never priced (a test host, a model without a lean forward)."""
+    history = _accepted(seed=1, steps=60, rate=0.8)
+    assert _budgets(FLAT, history, start_budget=8) == _budgets(None, history, start_budget=8)
+
+
+@pytest.mark.parametrize("rate", [0.6, 0.8])
+def test_where_wide_passes_cost_more_it_drafts_shorter(rate):
+    """Guards against pricing that is read but not weighed: where an 8-token pass costs
+    four steps, drafting eight tokens that are each accepted 60-80% of the time yields fewer
+    tokens per unit of time than drafting three, and the policy must draft shorter than on
+    a host where every pass costs a step."""
+    history = _accepted(seed=2, steps=60, rate=rate)
+    flat = _budgets(FLAT, history, start_budget=8)
+    costly = _budgets(COSTLY, history, start_budget=8)
+    cheap = _budgets(CHEAP, history, start_budget=8)
+    assert sum(costly) < sum(cheap) <= sum(flat)
+    late = slice(20, None)  # once the rates are learnt
+    assert max(costly[late]) < max(flat[late])
+
+
+def test_the_priced_choice_is_the_length_with_the_most_tokens_per_unit_of_time():
+    """Guards against an off-by-one between a draft and the pass that verifies it (``k``
+    draft tokens are a pass over ``k + 1``) and against maximising tokens per step instead
+    of per unit of time. With every position accepted at rate 0.5, a k-token draft yields
+    ``2 - 0.5**k`` tokens; over passes priced 1, 1.2, 2, 4 ... the best is k = 1."""
+    policy = adaptive(8, PassCosts({1: 1.0, 2: 1.2, 4: 2.0, 8: 4.0}), start_budget=8)
+    policy._accept = [0.5] * 8
+    assert policy.draft_budget() == 1  # 1.5 / 1.2 beats 1.75 / (2 - 0.4) and the rest
+    policy = adaptive(8, PassCosts({1: 1.0, 2: 1.0, 4: 1.0, 8: 1.0, 9: 3.0}), start_budget=8)
+    policy._accept = [0.9] * 8
+    assert policy.draft_budget() == 7  # an 8-token pass is free, a 9-token one is not
+
+
+def test_a_position_not_drafted_for_a_while_is_judged_by_recent_acceptance():
+    """Guards against a priced policy stuck at one-token drafts: after a few early
+    rejections at the second position it drafts one token, so that position's own rate
+    is never measured again. With every token accepted 80% of the time and an 8-token pass
+    costing four steps, three-token drafts yield the most per unit of time."""
+    history = _accepted(seed=2, steps=60, rate=0.8)
+    costly = _budgets(COSTLY, history, start_budget=8)
+    assert sorted(costly[20:])[20] >= 2  # the median, once the rates are learnt
