@@ -164,12 +164,12 @@ class Completer:
     # -- the steps ------------------------------------------------------------------------
 
     def _prefill(self, req: CompletionRequest, prompt: prompting.Prompt) -> tuple[int, float]:
-        """Look the prompt up in the prefix cache and compute what it lacks: unbudgeted,
-        cancellable between chunks (a warm-up may have done it all). In a plain prefill's
-        chunks (a third faster than a warm-up's on a long prompt: only a newer request for
-        the document, which needs the same tokens, interrupts it); the few tokens typed
-        since go with the first step's draft (one forward, not two). The time it took
-        sizes ``prefix-tokens = "auto"`` again where it was the fastest yet.
+        """Look the prompt up in the prefix cache and compute what it lacks (a warm-up may
+        have done it all): not charged to the time budget, cancellable between chunks, in
+        a plain prefill's chunks (a third faster than a warm-up's on a long prompt; only a
+        newer request for the document, which needs the same tokens, interrupts it). The
+        few tokens typed since go with the first step's draft (one forward, not two). The
+        time it took sizes ``prefix-tokens = "auto"`` again where it was the fastest yet.
 
         :returns: (tokens the cache held, seconds it took).
         """
