@@ -1,22 +1,46 @@
-"""The CPU attention kernel (specd/forward/csrc/attention.cpp): what it computes, when the lean
-forward uses it, and that it steps aside where it cannot run."""
+"""specd's CPU attention kernel (specd/forward/csrc/attention.cpp): what it computes, for
+every build of it this CPU runs, when the lean forward uses it, and that it steps aside where
+it cannot run (tests/test_kernel_builds.py: which build runs where)."""
 
 from __future__ import annotations
 
 import logging
+import platform
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from specd.engine import Engine
-from specd.forward import cpu_kernels
+from specd.forward import cpu_kernels, kernel_build
 from specd.forward.tiny import tiny_target
 from specd.sampling import SamplingParams
 
 needs_kernel = pytest.mark.skipif(
-    not cpu_kernels.available(), reason=f"CPU attention kernel unavailable: {cpu_kernels.reason}"
+    not cpu_kernels.available(), reason=f"CPU kernels unavailable: {cpu_kernels.reason}"
 )
+
+
+def use_build(name: str) -> None:
+    """Run the kernels built for ``name`` (the rest of the test), or skip the test naming
+    why this host cannot."""
+    if name not in cpu_kernels.runnable_isas():
+        pytest.skip(
+            f"this CPU ({kernel_build.host()}) cannot run the {name} kernels "
+            f"(scripts/check_kernels.sh {name} runs their self-test elsewhere)"
+        )
+    if not cpu_kernels.available():
+        pytest.skip(f"CPU kernels unavailable: {cpu_kernels.reason}")
+    cpu_kernels.use(name)
+
+
+@pytest.fixture(params=cpu_kernels.ISAS)
+def build(request):
+    """Each build of the kernels in turn (those this CPU cannot run skipped by name); the
+    default choice again after."""
+    use_build(request.param)
+    yield request.param
+    cpu_kernels._reset()
 
 
 def _reference(q, keys, values, scale, tree=None):
@@ -47,7 +71,7 @@ def _inputs(t, past, heads, kv, *, capacity_extra=7, seed=0):
     [(16, 0, 9, 3), (64, 0, 9, 3), (65, 0, 4, 4), (130, 0, 4, 2), (1023, 0, 9, 3),
      (37, 5, 9, 3), (256, 700, 9, 3), (1, 40, 2, 1), (3, 0, 2, 2)],
 )  # fmt: skip
-def test_causal_attention_matches_float64(t, past, heads, kv):
+def test_causal_attention_matches_float64(build, t, past, heads, kv):
     q, keys, values = _inputs(t, past, heads, kv)
     out = cpu_kernels.attention(q, keys, values, 0.125)
     ref = _reference(q, keys, values, 0.125)
@@ -64,7 +88,7 @@ def test_causal_attention_matches_float64(t, past, heads, kv):
 
 @needs_kernel
 @pytest.mark.parametrize("past", [0, 50, 300])
-def test_tree_mask_attention_matches_float64(past):
+def test_tree_mask_attention_matches_float64(build, past):
     t = 20
     gen = torch.Generator().manual_seed(past)
     parent = [-1] + [int(torch.randint(0, i, (1,), generator=gen)) for i in range(1, t)]
@@ -77,7 +101,7 @@ def test_tree_mask_attention_matches_float64(past):
 
 
 @needs_kernel
-def test_extreme_scores_stay_finite():
+def test_extreme_scores_stay_finite(build):
     # one key far above the rest (an attention sink) and rows whose other scores underflow
     q, keys, values = _inputs(40, 10, 2, 1)
     keys = keys.clone()
@@ -141,7 +165,7 @@ def test_turned_off_by_the_environment(fresh_kernel, monkeypatch, caplog):
 def _host(monkeypatch, machine: str, capability: str) -> None:
     """Make this host look like another CPU to the kernels' host checks: a test of what
     follows them must not depend on the CPU it runs on."""
-    monkeypatch.setattr(cpu_kernels.platform, "machine", lambda: machine)
+    monkeypatch.setattr(platform, "machine", lambda: machine)
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
 
 
@@ -161,36 +185,6 @@ def test_a_missing_compiler_leaves_attention_to_pytorch(fresh_kernel, monkeypatc
     assert not cpu_kernels.available()
     assert "no-such-compiler" in cpu_kernels.reason
     _lean_forward_runs()
-
-
-@pytest.mark.parametrize(
-    "machine, capability, said",
-    [("x86_64", "AVX2", "needs AVX-512, this CPU offers AVX2"),
-     ("x86_64", "DEFAULT", "this CPU offers DEFAULT"),
-     ("aarch64", "DEFAULT", "written for x86-64, this is aarch64")],
-)  # fmt: skip
-def test_a_cpu_without_avx512_leaves_attention_to_pytorch(
-    fresh_kernel, monkeypatch, caplog, machine, capability, said
-):
-    """Guards against building AVX-512 code on a CPU that cannot run it (it would die with
-    an illegal instruction) and against a reason that does not say what the CPU lacks."""
-    _host(monkeypatch, machine, capability)
-    with caplog.at_level(logging.INFO, logger="specd.forward.cpu_kernels"):
-        assert not cpu_kernels.available()
-    assert said in cpu_kernels.reason and said in caplog.text
-    assert not list(fresh_kernel.rglob("*.so"))
-    _lean_forward_runs()
-
-
-@needs_kernel
-def test_built_once_into_the_cache_directory(fresh_kernel):
-    assert cpu_kernels.available()
-    built = list((fresh_kernel / "kernels").glob("kernels-*.so"))
-    assert len(built) == 1
-    stamp = built[0].stat().st_mtime_ns
-    cpu_kernels._reset()
-    assert cpu_kernels.available()
-    assert built[0].stat().st_mtime_ns == stamp  # loaded, not rebuilt
 
 
 def _counted(monkeypatch) -> list[int]:

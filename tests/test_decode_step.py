@@ -9,6 +9,7 @@ import logging
 import pytest
 import torch
 from test_compiled import VOCAB, replay_session
+from test_cpu_kernels import use_build
 
 from specd import Engine, SamplingParams
 from specd.forward import cpu_kernels
@@ -21,6 +22,15 @@ from specd.forward.tiny import CharTokenizer, tiny_model
 needs_kernel = pytest.mark.skipif(
     not cpu_kernels.available(), reason=f"CPU kernels unavailable: {cpu_kernels.reason}"
 )
+
+
+@pytest.fixture(params=cpu_kernels.ISAS)
+def build(request):
+    """Each build of the kernels in turn (those this CPU cannot run skipped by name); the
+    default choice again after."""
+    use_build(request.param)
+    yield request.param
+    cpu_kernels._reset()
 
 
 def _model(hidden: int = 64, layers: int = 2, seed: int = 5):
@@ -80,9 +90,10 @@ def _wide3(seed: int = 12):
 @pytest.mark.parametrize(
     "make,seed", [(_model, 7), (_model, 8), (_qwen2, 9), (_wide, 11), (_wide3, 13)]
 )
-def test_every_pass_equals_the_eager_pass(make, seed):
+def test_every_pass_equals_the_eager_pass(build, make, seed):
     """Chains and trees of 1 to 16 tokens over a cache that grows, keeping a random path
-    after each as the engine does: logits and hidden states to float32 rounding."""
+    after each as the engine does: logits and hidden states to float32 rounding, with each
+    build of the kernel this CPU runs."""
     eager, kernel = _pair(make())
     step = kernel.compiled
     assert step.backend == "kernel" and step.max_tokens == 16
@@ -91,7 +102,7 @@ def test_every_pass_equals_the_eager_pass(make, seed):
 
 
 @needs_kernel
-def test_greedy_output_is_identical_to_plain_decoding():
+def test_greedy_output_is_identical_to_plain_decoding(build):
     eager, kernel = _pair(_model(layers=3))
     params = SamplingParams(max_tokens=48)
     prompt = "abcabcabd abcab abcabc"
@@ -208,7 +219,7 @@ def test_the_environment_switch_leaves_the_step_to_inductor(monkeypatch):
 
 
 @needs_kernel
-def test_thread_counts_that_split_unevenly_compute_the_same():
+def test_thread_counts_that_split_unevenly_compute_the_same(build):
     """Three and five threads: rows and positions split unevenly, and some threads get no
     position at all in a short cache (their parts are empty and skipped in the merge)."""
     threads = torch.get_num_threads()

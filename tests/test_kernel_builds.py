@@ -1,0 +1,154 @@
+"""Which build of specd's CPU kernels runs where (specd/forward/kernel_build.py), that the
+kernels step aside, saying why, where none can, that each build is built once and said so
+first, and the C++ self-test of every build against a double-precision reference, ARM64's
+under an emulator where the host is not ARM64."""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_cpu_kernels import _host, _lean_forward_runs, fresh_kernel, needs_kernel  # noqa: F401 (a fixture)
+
+from specd.forward import cpu_kernels, kernel_build
+
+SELFTEST = Path(__file__).parents[1] / "scripts" / "check_kernels.sh"
+
+
+@pytest.mark.parametrize(
+    "machine, capability, chosen, runs",
+    [("x86_64", "AVX512", "avx512", ("avx512", "avx2", "scalar")),
+     ("AMD64", "AVX512", "avx512", ("avx512", "avx2", "scalar")),
+     ("x86_64", "AVX2", "avx2", ("avx2", "scalar")),
+     ("aarch64", "DEFAULT", "neon", ("neon", "scalar")),
+     ("arm64", "DEFAULT", "neon", ("neon", "scalar"))],
+)  # fmt: skip
+def test_the_best_build_this_cpu_runs_is_chosen(monkeypatch, machine, capability, chosen, runs):
+    """Guards against AVX-512 code built for a CPU without it (it would die with an illegal
+    instruction), and against an AVX2 laptop or an ARM64 machine left to PyTorch."""
+    _host(monkeypatch, machine, capability)
+    monkeypatch.delenv("SPECD_KERNEL_ISA", raising=False)
+    assert kernel_build.runnable() == runs
+    assert kernel_build.choose() == chosen
+
+
+@pytest.mark.parametrize(
+    "machine, capability, said",
+    [("x86_64", "DEFAULT", "no vector kernels for this CPU (x86_64 offering DEFAULT)"),
+     ("riscv64", "DEFAULT", "no vector kernels for this CPU (riscv64)")],
+)  # fmt: skip
+@pytest.mark.usefixtures("fresh_kernel")
+def test_a_cpu_without_a_vector_build_leaves_everything_to_pytorch(
+    tmp_path, monkeypatch, caplog, machine, capability, said
+):
+    _host(monkeypatch, machine, capability)
+    with caplog.at_level(logging.INFO, logger="specd.forward.cpu_kernels"):
+        assert not cpu_kernels.available()
+    assert said in cpu_kernels.reason and said in caplog.text
+    assert len(caplog.records) == 1  # one line says why
+    assert cpu_kernels.isa() == "none"
+    assert not list(tmp_path.rglob("*.so"))
+    _lean_forward_runs()
+
+
+@pytest.mark.parametrize(
+    "asked, said",
+    [("avx512", "SPECD_KERNEL_ISA=avx512 asks for code this CPU cannot run (x86_64 offering "
+                "AVX2; it runs avx2, scalar)"),
+     ("neon", "SPECD_KERNEL_ISA=neon asks for code this CPU cannot run"),
+     ("sse9", "SPECD_KERNEL_ISA='sse9' is not one of avx512, avx2, neon, scalar")],
+)  # fmt: skip
+@pytest.mark.usefixtures("fresh_kernel")
+def test_a_build_this_cpu_cannot_run_is_refused_when_asked_for(
+    tmp_path, monkeypatch, caplog, asked, said
+):
+    _host(monkeypatch, "x86_64", "AVX2")
+    monkeypatch.setenv("SPECD_KERNEL_ISA", asked)
+    with caplog.at_level(logging.INFO, logger="specd.forward.cpu_kernels"):
+        assert not cpu_kernels.available()
+    assert said in cpu_kernels.reason and said in caplog.text
+    assert cpu_kernels.isa() == "none"
+    assert not list(tmp_path.rglob("*.so"))
+    with pytest.raises(RuntimeError, match="cannot run the avx512 kernels"):
+        cpu_kernels.use("avx512")
+    with pytest.raises(ValueError, match="unknown instruction set 'sse9'"):
+        cpu_kernels.use("sse9")
+    _lean_forward_runs()
+
+
+@needs_kernel
+@pytest.mark.parametrize("name", cpu_kernels.ISAS)
+def test_the_environment_chooses_the_build(monkeypatch, name):
+    if name not in cpu_kernels.runnable_isas():
+        pytest.skip(f"this CPU ({kernel_build.host()}) cannot run the {name} kernels")
+    monkeypatch.setenv("SPECD_KERNEL_ISA", name.upper())
+    cpu_kernels._reset()
+    try:
+        assert cpu_kernels.available(), cpu_kernels.reason
+        assert cpu_kernels.isa() == name  # the library's own word for what it was built for
+    finally:
+        monkeypatch.delenv("SPECD_KERNEL_ISA")
+        cpu_kernels._reset()
+
+
+@pytest.mark.parametrize("name", cpu_kernels.ISAS)
+def test_the_self_test_of_each_build_passes(name):
+    """selftest.cpp: the step and attention kernels of each build against a plain
+    double-precision reference (chains and trees of 1-16 tokens, caches of several lengths),
+    natively, or for neon on another host cross-built and run under qemu-aarch64."""
+    if name not in cpu_kernels.runnable_isas() and name != "neon":
+        pytest.skip(f"this CPU ({kernel_build.host()}) cannot run the {name} kernels")
+    native = name in cpu_kernels.runnable_isas()
+    needed = ["bash", "c++"] if native else ["bash", "aarch64-linux-gnu-g++", "qemu-aarch64"]
+    missing = [
+        tool for tool in needed if not shutil.which(tool) and not shutil.which(tool + "-static")
+    ]
+    if missing:
+        pytest.skip(
+            f"the {name} self-test on {platform.machine()} needs {', '.join(needed[1:])}; "
+            f"missing: {', '.join(missing)}"
+            + ("" if native else " (apt-get install g++-aarch64-linux-gnu qemu-user)")
+        )
+    done = subprocess.run(
+        ["bash", str(SELFTEST), name],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "PYTHON": sys.executable},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"specd kernels, {name}: step" in done.stdout and done.stdout.rstrip().endswith("ok")
+
+
+@needs_kernel
+@pytest.mark.usefixtures("fresh_kernel")
+def test_built_once_into_the_cache_directory_saying_so_first(tmp_path, monkeypatch, caplog):
+    said_first = []
+    run = kernel_build.subprocess.run
+
+    def compile_(cmd, **kwargs):  # the compiler starts: was the user told?
+        if "-o" in cmd:
+            said_first.append("building specd's CPU kernels for" in caplog.text)
+        return run(cmd, **kwargs)
+
+    monkeypatch.setattr(kernel_build.subprocess, "run", compile_)
+    with caplog.at_level(logging.INFO, logger="specd.forward.cpu_kernels"):
+        assert cpu_kernels.available()
+    name = cpu_kernels.isa()
+    assert said_first == [True]
+    assert f"building specd's CPU kernels for {name} (once per machine, about" in caplog.text
+    built = list((tmp_path / "kernels").glob("kernels-*.so"))
+    assert [b.name.split("-")[1] for b in built] == [name]  # one library per build
+    stamp = built[0].stat().st_mtime_ns
+    cpu_kernels._reset()
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="specd.forward.cpu_kernels"):
+        assert cpu_kernels.available()
+    assert built[0].stat().st_mtime_ns == stamp  # loaded, not rebuilt
+    assert said_first == [True] and "building" not in caplog.text
