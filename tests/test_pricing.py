@@ -38,18 +38,21 @@ def test_a_bad_price_table_is_refused_naming_what_was_wrong(prices, what):
 
 
 class _Clock:
-    """Stands in for ``time.perf_counter``: a pass of n tokens takes ``cost[n]`` seconds,
-    plus ``extra`` seconds the first time each width runs in a timed round."""
+    """Stands in for ``time.perf_counter``: a pass of n tokens takes ``cost[n]`` seconds
+    times the machine's load in that round, plus ``extra[(n, round)]``."""
 
-    def __init__(self, cost: dict[int, float], disturbed: dict[int, float]) -> None:
-        self.now, self.cost, self.disturbed = 0.0, cost, dict(disturbed)
+    def __init__(self, cost: dict[int, float], load: list[float], extra: dict) -> None:
+        self.now, self.cost, self.load, self.extra = 0.0, cost, load, extra
+        self.calls = {n: 0 for n in cost}
 
     def __call__(self) -> float:
         return self.now
 
     def forward(self, cache, tokens) -> None:
         n = len(tokens)
-        self.now += self.cost[n] + self.disturbed.pop(n, 0.0)
+        r = self.calls[n]
+        self.calls[n] += 1
+        self.now += self.cost[n] * self.load[r] + self.extra.get((n, r), 0.0)
 
 
 class _Cache:
@@ -63,12 +66,16 @@ class _Cache:
         self.crops.append(length)
 
 
-def test_measure_takes_each_widths_fastest_pass_over_the_fastest_step(monkeypatch):
-    """Guards against prices from one disturbed pass (a shared machine), against prices not
-    relative to the one-token step, against a wider pass priced below a narrower one (noise
-    would make the policy draft longer), and against a cache not rolled back after a pass."""
+def test_measure_prices_each_width_against_the_same_rounds_step(monkeypatch):
+    """Guards against prices skewed by the machine's load moving between rounds (a shared
+    host), against one disturbed pass setting a price, against prices not relative to the
+    one-token step, against a wider pass priced below a narrower one (noise would make the
+    policy draft longer), and against a cache not rolled back after a pass."""
     cost = {1: 0.010, 2: 0.012, 4: 0.011, 8: 0.040, 16: 0.080}
-    clock = _Clock(cost, disturbed={8: 1.0})  # the warm-up round: not counted
+    load = [5.0, 1.0, 3.0, 1.0, 2.0, 4.0, 1.0, 2.5]  # round 0 warms up
+    # the one-token pass disturbed in the quiet rounds: its fastest is not its own price
+    extra = {(8, 0): 9.0, (16, 3): 0.5, (2, 5): 0.2, (1, 1): 0.005, (1, 3): 0.005, (1, 6): 0.005}
+    clock = _Clock(cost, load, extra)
     monkeypatch.setattr(pricing.time, "perf_counter", clock)
     cache = _Cache()
     got = measure(clock.forward, cache, vocab=10, backend="kernel")

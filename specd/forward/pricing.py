@@ -11,6 +11,7 @@ with the backend that serves the passes, on a scratch cache (:func:`measure`).
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Callable, Mapping
 
@@ -25,7 +26,7 @@ PRICE_TOKENS = (1, 2, 4, 8, 16)
 #: model size a step reads the weights far more than the cache).
 PRICE_CONTEXT = 256
 #: Timed rounds over every width, after one warm-up round.
-ROUNDS = 5
+ROUNDS = 7
 
 
 class PassCosts:
@@ -85,10 +86,11 @@ def measure(
     backend: str = "",
 ) -> PassCosts:
     """Time ``forward`` over chains of each of ``widths`` tokens on top of ``cache`` (rolled
-    back after each), in ``rounds`` rounds after a warm-up round, the widths interleaved
-    so that other work on a shared machine slows them alike. A width's price is its fastest
-    pass (the least disturbed) over the fastest one-token pass; a wider pass measured
-    cheaper than a narrower one is noise and gets the narrower one's price.
+    back after each), in ``rounds`` rounds after a warm-up round. A width's price is the
+    median over rounds of its pass over the same round's one-token pass: passes timed
+    moments apart share the machine's load (on a shared host the load moves more than a
+    pass's cost between rounds), and a pass disturbed in one round moves one ratio, not
+    the median. A wider pass priced below a narrower one is noise and gets its price.
 
     :param widths: must hold 1.
     """
@@ -96,21 +98,24 @@ def measure(
         raise BadInputError(f"pricing needs the one-token pass and a round, got {widths}, {rounds}")
     past = cache.length
     gen = torch.Generator().manual_seed(0)
-    best = dict.fromkeys(widths, math.inf)
+    ratios: dict[int, list[float]] = {n: [] for n in widths}
     sync = torch.cuda.synchronize if torch.device(cache.device).type == "cuda" else _no_sync
     for r in range(rounds + 1):
+        took = {}
         for n in widths:
             tokens = torch.randint(0, vocab, (n,), generator=gen).tolist()
             sync()
             t0 = time.perf_counter()
             forward(cache, tokens)
             sync()
-            if r:
-                best[n] = min(best[n], time.perf_counter() - t0)
+            took[n] = time.perf_counter() - t0
             cache.crop(past)
+        if r:  # the first round warms up
+            for n in widths:
+                ratios[n].append(took[n] / took[1])
     prices, floor = {}, 0.0
     for n in sorted(widths):
-        floor = max(floor, best[n] / best[1])
+        floor = max(floor, statistics.median(ratios[n]))
         prices[n] = floor
     return PassCosts(prices, backend)
 
