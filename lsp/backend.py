@@ -49,7 +49,6 @@ log = logging.getLogger(__name__)
 
 #: how often a generation checks its cancel flag while it waits for the server
 POLL_S = 0.01
-UNBOUNDED_WINDOW = 1 << 40  # ``limits.window`` when none is given: the server has its own
 
 _FINISH = {"stop": "eos", "length": "length", "eos": "eos", "word": "stop", "limit": "length"}
 _STATS_FIELDS = {f.name for f in dataclasses.fields(Stats)}
@@ -60,12 +59,9 @@ class BackendError(BadInputError):
 
 
 class Backend:
-    """Generates with a remote server; used by the completion pipeline as its engine (a
-    :class:`~.engines.CompletionEngine`). What only a local model has is neutral here: no
-    ``prefix_cache``, :meth:`warm` computes nothing, :meth:`cached_tokens` counts every
-    token cached (no prompt is cut to spare a prefill this side cannot see), :meth:`heal`
-    backs nothing up (a server cannot be held to a constraint token by token), ``limits``
-    bound nothing unless given (the server refuses what does not fit its window).
+    """Generates with a remote server: the pipeline's :class:`~.engines.CompletionEngine`.
+    What only a local model has is neutral: no ``prefix_cache``, no warm-up, every token
+    cached, no healing, no ``limits`` unless given (the server keeps its own of each).
 
     :param url: ``http://HOST:PORT/v1`` (or ``.../v1/completions``) for an OpenAI-compatible
         server, ``http://HOST:PORT/infill`` for llama.cpp's.
@@ -112,7 +108,7 @@ class Backend:
         self.model = model
         self.api_key = api_key
         self.timeout_s = timeout_s
-        self.limits = limits or ContextLimits(window=UNBOUNDED_WINDOW, token_chars=1)
+        self.limits = limits or ContextLimits(window=1 << 40, token_chars=1)
 
     def tokenize(self, text: str) -> list[int]:
         return self._tokenize(text)
