@@ -101,3 +101,25 @@ def test_typed_methods_are_structured_with_the_converter_pygls_hands_over():
     finally:
         service.load_failed(RuntimeError("not loaded in this test"))
         service.close()
+
+
+def test_the_public_methods_the_protocol_calls_keep_their_signatures():
+    """Public, yet called from our own message loop rather than pygls': a rename would show
+    only when a message arrives."""
+    from pygls.lsp.server import LanguageServer
+
+    expected = {
+        (LanguageServerProtocol, "handle_message"): ["self", "message"],
+        (LanguageServerProtocol, "structure_message"): ["self", "data"],
+        (LanguageServerProtocol, "get_message_type"): ["self", "method"],
+        (LanguageServerProtocol, "set_writer"): ["self", "writer", "include_headers"],
+        (LanguageServer, "report_server_error"): ["self", "error", "source"],
+    }
+    for (cls, name), params in expected.items():
+        assert list(inspect.signature(getattr(cls, name)).parameters) == params, name
+    service = Service(None)
+    try:
+        assert build_server(service).protocol.writer is None  # set_writer sets it
+    finally:
+        service.load_failed(RuntimeError("not loaded in this test"))
+        service.close()
