@@ -151,7 +151,7 @@ def request_params(
 
     :raises BadInputError: a bad value, named (``SamplingParams`` checks them; a 400).
     """
-    sent = {
+    sent: dict[str, Any] = {
         "max_tokens": max_tokens,
         "temperature": temperature,
         "top_p": top_p,
