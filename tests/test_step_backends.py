@@ -167,3 +167,28 @@ def test_no_import_circle_in_the_forward_package():
 
     circles = sorted(m for m in graph if m in reach(m))
     assert not circles, f"import circles through {circles}"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_half_precision_step_passes_its_check(dtype):
+    """Guards against a check too tight for half precision (CUDA graphs of a bfloat16
+    model, the default there, refused on every GPU): the static passes attend over the
+    whole buffer, eager ones over the live positions, and round differently."""
+    model = tiny_model(VOCAB, hidden_size=64, num_layers=2, seed=7, logit_scale=8.0, dtype=dtype)
+    step = Target(model, CharTokenizer(VOCAB)).compile("on", backend="static")
+    assert step is not None and step.ready, step and step.reason
+
+
+def test_a_pass_that_lets_a_token_see_the_ones_after_it_is_refused(monkeypatch):
+    """Guards against a check that runs only one-token passes: a mask that lets each new
+    token see the whole draft changes nothing in a step and everything in a verify pass."""
+    from specd.forward import static_graph
+
+    def no_order(t, past, mask, like):
+        return torch.zeros(t, t, dtype=like.dtype, device=like.device)
+
+    monkeypatch.setattr(static_graph, "new_block", no_order)
+    model = tiny_model(VOCAB, hidden_size=64, num_layers=2, seed=7, dtype=torch.float32)
+    step = Target(model, CharTokenizer(VOCAB)).compile("on", backend="static")
+    assert step is not None and step.state == "failed"
+    assert "over 5 tokens differ from the eager pass" in step.reason

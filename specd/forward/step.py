@@ -26,7 +26,8 @@ BUCKETS = (1, 2, 4, 8, 16)
 MAX_TOKENS = BUCKETS[-1]
 #: The most a backend's logits or hidden states may differ from the eager pass's, relative
 #: to their largest magnitude, in float32 or wider (float32 sums in another order differ by
-#: ~1e-6); half-precision models allow a few units of their rounding instead.
+#: ~1e-6). Half-precision models allow 16 units of their rounding instead: attention kernels
+#: that differ by span round differently, while a wrong offset or mask moves whole rows.
 TOLERANCE = 1e-4
 #: Cached tokens of the scratch cache a backend is checked on.
 CHECK_CONTEXT = 64
@@ -158,7 +159,7 @@ def check(backend: StepBackend, fast: FastDecoder, new_cache: Callable[[], KVCac
     device = fast.embed.device
     ids = torch.arange(n + 5, device=device)[None] % fast.embed.shape[0]
     fast.forward(cache, ids[:, :n], torch.arange(n, device=device)[None], None)
-    tol = max(TOLERANCE, 4 * torch.finfo(fast.embed.dtype).eps)
+    tol = max(TOLERANCE, 16 * torch.finfo(fast.embed.dtype).eps)
     for t in (1, 5):  # a step, and a pass verifying a draft
         pos = torch.arange(n, n + t, device=device)[None]
         new = ids[:, n : n + t]
