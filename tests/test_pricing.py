@@ -147,3 +147,14 @@ def test_the_policy_is_told_the_targets_prices_or_none(monkeypatch):
     target.pass_costs = PassCosts({1: 1.0, 8: 2.0}, backend="eager")
     engine.generate("ABCABC ABCABC", SamplingParams(max_tokens=8))
     assert seen == [None, target.pass_costs] and seen[1] is target.pass_costs
+
+
+def test_a_request_after_the_step_changed_prices_the_passes_again():
+    """Guards against a policy weighing the eager pass's prices for the whole life of a
+    server whose compiled step became ready after load (``--compile background``)."""
+    target = tiny_target(40, num_layers=1, seed=4, logit_scale=8.0)
+    target.pass_costs = PassCosts({1: 1.0, 8: 9.0}, backend="eager")  # priced at load
+    step = target.compile("on", backend="static")  # ready later
+    assert step is not None and step.ready
+    Engine(target, drafter="ngram").generate("ABCABC ABCABC", SamplingParams(max_tokens=8))
+    assert target.pass_costs.backend == "static" and target.pass_costs(8) < 9.0
