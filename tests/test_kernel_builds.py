@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from test_cpu_kernels import _host, _lean_forward_runs, fresh_kernel, needs_kernel  # noqa: F401 (a fixture)
 
 from specd.forward import cpu_kernels, kernel_build
@@ -152,3 +153,18 @@ def test_built_once_into_the_cache_directory_saying_so_first(tmp_path, monkeypat
         assert cpu_kernels.available()
     assert built[0].stat().st_mtime_ns == stamp  # loaded, not rebuilt
     assert said_first == [True] and "building" not in caplog.text
+
+
+@pytest.mark.usefixtures("fresh_kernel")
+def test_the_bench_names_the_build_its_kernels_ran(monkeypatch):
+    """``specd bench --json``'s ``machine.isa``: the build in use, or ``none``."""
+    from specd.bench.harness import machine_info
+    from specd.forward.tiny import tiny_target
+
+    target = tiny_target(hidden_size=256, dtype=torch.float32)
+    _host(monkeypatch, "x86_64", "DEFAULT")
+    assert machine_info(target)["isa"] == "none"
+    cpu_kernels._reset()
+    monkeypatch.undo()
+    if cpu_kernels.available():
+        assert machine_info(target)["isa"] == cpu_kernels.isa() != "none"

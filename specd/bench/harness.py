@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from ..forward import cpu_kernels
 from . import floor as floor_mod
 from . import prefix as prefix_mod
 from .configs import REFERENCES, Config
@@ -197,6 +198,7 @@ def machine_info(target) -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "memory_gb": _memory_gb(),
         "cpu_flags": _cpu_flags(),
+        "isa": cpu_kernels.isa(),  # the instruction set specd's CPU kernels run, or "none"
         "platform": platform.platform(),
         "python": platform.python_version(),
         "torch": torch.__version__,

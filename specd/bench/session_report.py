@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BadInputError
+from ..forward import cpu_kernels
 from ..stats import percentile
 from . import session, session_run
 from .session_run import CONFIGS, Daemon, SessionConfig
@@ -204,6 +205,7 @@ def _machine(args: argparse.Namespace, load_start: list[float] | None) -> dict[s
     return {
         "cpu": _cpu_name(),
         "cpu_count": os.cpu_count(),
+        "isa": cpu_kernels.isa(),
         "threads": args.threads,
         "platform": platform.platform(),
         "python": platform.python_version(),
