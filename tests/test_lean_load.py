@@ -155,6 +155,22 @@ def test_models_load_is_lean_on_the_cpu_unless_told_otherwise(tmp_path, monkeypa
     assert not isinstance(lm, LeanCausalLM)
 
 
+def test_the_benchs_transformers_baselines_run_on_a_lean_target(tmp_path):
+    from specd.bench import configs
+    from specd.bench.runners import Runner
+    from specd.bench.workloads import Prompt
+
+    checkpoint(tmp_path, "llama-tied")
+    target = models.load_target(str(tmp_path), device="cpu")
+    assert isinstance(target.model, LeanCausalLM)
+    prompt = Prompt("p", ids_of(TEXT, 20), 12)
+    runner = Runner(target)
+    hf = runner.run(configs.parse("hf-plain"), prompt)
+    plain = runner.run(configs.parse("specd-plain"), prompt)
+    assert hf.token_ids == plain.token_ids and len(hf.token_ids) == 12
+    assert runner.run(configs.parse("hf-prompt-lookup"), prompt).token_ids == hf.token_ids
+
+
 @pytest.mark.parametrize(
     "change",
     [
