@@ -48,6 +48,9 @@ class LeanConfig:
     def __init__(self, values: dict[str, Any]) -> None:
         self.__dict__.update(values)
 
+    def __getattr__(self, name: str) -> Any:  # only for keys the file does not have
+        raise AttributeError(name)
+
     def get_text_config(self, decoder: bool = False) -> LeanConfig:
         return self
 
@@ -99,6 +102,8 @@ class RMSNorm(nn.Module):
 
 class RotaryEmbedding(nn.Module):
     """Default rotary embeddings, computed as transformers' Llama computes them."""
+
+    inv_freq: torch.Tensor
 
     def __init__(self, theta: float, head_dim: int) -> None:
         super().__init__()
@@ -282,7 +287,7 @@ def transformers_model(model: Any) -> Any:
     hf.load_state_dict(model.state_dict(), strict=False, assign=True)
     if config.tie_word_embeddings:
         hf.get_output_embeddings().weight = hf.get_input_embeddings().weight
-    inv_freq = model.model.rotary_emb.inv_freq
+    inv_freq: torch.Tensor = model.model.rotary_emb.inv_freq
     for name, buf in list(hf.named_buffers()):
         owner, _, attr = name.rpartition(".")
         if not buf.is_meta:

@@ -142,6 +142,7 @@ def _text(token: Any) -> str:
     return str(token["content"]) if isinstance(token, dict) else str(token)
 
 
-def _leave(where: Path, why: str) -> None:
+def _leave(where: Path, why: str) -> Tokenizer | None:
+    """None, for :func:`load` to return, with the reason logged."""
     log.debug("loading %s's tokenizer with transformers: %s", where, why)
     return None
