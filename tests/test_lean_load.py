@@ -179,8 +179,9 @@ def test_the_benchs_transformers_baselines_run_on_a_lean_target(tmp_path):
         {"model_type": "gpt2"},
         {"hidden_act": "gelu"},
         {"layer_types": ["sliding_attention", "full_attention"]},
+        {"auto_map": {"AutoModelForCausalLM": "modeling.Custom"}},
     ],
-    ids=["rope-scaling", "missing-key", "architecture", "activation", "layer-types"],
+    ids=["rope-scaling", "missing-key", "architecture", "activation", "layer-types", "own-code"],
 )
 def test_what_the_lean_forward_does_not_run_is_left_to_transformers(tmp_path, change):
     checkpoint(tmp_path)

@@ -229,6 +229,8 @@ def unsupported(cfg: LeanConfig, where: Path) -> str:
     missing = [k for k in REQUIRED if getattr(cfg, k, None) is None]
     if missing:
         return f"config.json lacks {', '.join(missing)}"
+    if getattr(cfg, "auto_map", None):
+        return "the checkpoint ships its own model code (auto_map)"
     if not fastpath.supports_config(cfg):
         return f"the lean forward does not run {getattr(cfg, 'model_type', '?')!r} as configured"
     if cfg.model_type == "mistral" and "sliding_window" not in cfg.__dict__:
