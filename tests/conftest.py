@@ -4,6 +4,11 @@ Only specd's own plugins load in tests (``SPECD_LOAD_PLUGINS=builtin``), so a th
 plugin installed in the environment cannot change results; a test that needs installed
 plugins (the example-plugin test) clears the variable for its subprocesses.
 Hypothesis runs derandomized under CI so a run is reproducible.
+
+Two tiers: ``pytest -m "not slow"`` is the fast one (tiny models: exactness, the verifier's
+laws, the language server's protocol, HTTP validation); the full suite adds the tests marked
+``slow``: the real default model, ``specd`` processes, the sampled conformance runs, editors,
+lint's type check, and every test marked ``compile``.
 """
 
 from __future__ import annotations
@@ -26,6 +31,26 @@ settings.register_profile(
 )
 settings.register_profile("dev", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Slow too, so the fast tier leaves them out without a second marker expression: a test
+    that compiles, and a test run over each build of the CPU kernels (a ``build`` parameter)
+    for every build but the best this CPU runs, the one a user of this machine gets."""
+    best = None
+    for item in items:
+        if item.get_closest_marker("compile") is not None:
+            item.add_marker(pytest.mark.slow)
+            continue
+        build = item.callspec.params.get("build") if hasattr(item, "callspec") else None
+        if build is None:
+            continue
+        if best is None:
+            from specd.forward import cpu_kernels
+
+            best = cpu_kernels.runnable_isas()[0]
+        if build != best:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")

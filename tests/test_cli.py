@@ -94,6 +94,7 @@ def test_bad_input_exits_2_naming_the_problem(args, needle, capsys):
     assert needle in err
 
 
+@pytest.mark.slow
 def test_bad_input_exits_2_from_the_process():
     """Bug guarded: ``main``'s exit code dropped on the way out of the process (``python -m
     specd.cli`` calling ``main()`` without ``sys.exit``), so scripts saw success."""
@@ -102,6 +103,7 @@ def test_bad_input_exits_2_from_the_process():
     assert "top_p" in r.stderr
 
 
+@pytest.mark.slow
 def test_plugins_json_lists_builtins():
     r = specd("plugins", "--json")
     assert r.returncode == 0, r.stderr

@@ -70,6 +70,7 @@ def test_example_declares_the_specd_entry_point():
     assert meta["project"]["entry-points"]["specd"] == {DRAFTER: "specd_example_drafter"}
 
 
+@pytest.mark.slow
 def test_specd_plugins_lists_the_installed_example(installed_example):
     done = _specd("plugins", "--json")
     assert done.returncode == 0, done.stderr
@@ -77,6 +78,7 @@ def test_specd_plugins_lists_the_installed_example(installed_example):
     assert drafters.get(DRAFTER) == "specd_example_drafter"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     importlib.util.find_spec("specd.conformance.command") is None,
     reason="`specd verify` (specd.conformance.command) is not part of this checkout yet",

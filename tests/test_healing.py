@@ -257,6 +257,7 @@ def exact_first_two(engine: Engine, prompt: list[int], text: str) -> dict[tuple[
     return law
 
 
+@pytest.mark.slow
 def test_sampled_output_is_the_targets_law_conditioned_on_the_constraint():
     """Sampling with drafts (rejection verifier) under a two-token constraint gives the
     target's distribution restricted to the allowed tokens and renormalised, at both

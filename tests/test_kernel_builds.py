@@ -83,6 +83,7 @@ def test_a_build_this_cpu_cannot_run_is_refused_when_asked_for(
     _lean_forward_runs()
 
 
+@pytest.mark.slow
 @needs_kernel
 @pytest.mark.parametrize("name", cpu_kernels.ISAS)
 def test_the_environment_chooses_the_build(monkeypatch, name):
@@ -98,6 +99,7 @@ def test_the_environment_chooses_the_build(monkeypatch, name):
         cpu_kernels._reset()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", cpu_kernels.ISAS)
 def test_the_self_test_of_each_build_passes(name):
     """selftest.cpp: the step and attention kernels of each build against a plain

@@ -103,6 +103,7 @@ def test_memory_estimate_holds_what_a_request_takes():
     assert large.total == large.kv_cache + large.activations + large.logits
 
 
+@pytest.mark.slow
 def test_generate_refuses_an_oversize_file_by_its_size(tmp_path):
     """Guards against ``specd generate --file`` reading a file no context holds: a sparse
     gigabyte is refused by its size, exit 2, naming the file and the window."""

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -25,6 +27,7 @@ def test_ruff_format():
     assert r.returncode == 0, "run `ruff format` and commit:\n" + r.stdout + r.stderr
 
 
+@pytest.mark.slow
 def test_mypy():
     r = run("mypy")  # files from [tool.mypy]; its cache stays in this checkout
     assert r.returncode == 0, r.stdout + r.stderr

@@ -47,6 +47,7 @@ def test_generate_makes_no_network_access():
     assert json.loads(r.stdout)["stats"]["new_tokens"] > 0
 
 
+@pytest.mark.slow
 def test_remote_code_does_not_run_unless_asked(tmp_path):
     marker = tmp_path / "ran"
     model = tmp_path / "model"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from specd.bench import configs, harness
 from specd.cli import main
 
@@ -22,6 +24,7 @@ def test_unwritable_output_is_exit_2(tmp_path, capsys):
     assert "directory does not exist" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_isolated_peak_rss_runs_in_a_fresh_process(tiny_spec, prompts):
     cfg = configs.parse("specd-ngram-fixed-k4")
     got = harness.probe_rss(tiny_spec, cfg, prompts[:1], harness.BenchOptions())
@@ -34,6 +37,7 @@ def test_bad_numbers_are_exit_2(capsys):
     assert "must be >= 1" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_repeats_keep_the_fastest_run(tiny, prompts):
     cfgs, _ = configs.resolve(["specd-ngram-fixed-k4"])
     opts = harness.BenchOptions(

@@ -28,6 +28,7 @@ CONTRACT = (
 )
 
 
+@pytest.mark.slow
 def test_top_level_contract(report):
     assert {"workload", "machine", "floor", "results"} <= set(report)
     assert report["workload"] == "humaneval"
@@ -44,6 +45,7 @@ def test_top_level_contract(report):
     json.loads(json.dumps(report))  # serialisable as it is
 
 
+@pytest.mark.slow
 def test_every_result_has_the_contract_fields(report):
     names = [r["config"] for r in report["results"]]
     assert names == [
@@ -64,6 +66,7 @@ def test_every_result_has_the_contract_fields(report):
         assert r["peak_rss_mb"] > 0
 
 
+@pytest.mark.slow
 def test_drafter_is_the_generate_flag(report):
     by = {r["config"]: r for r in report["results"]}
     assert by["hf-plain"]["drafter"] is None
@@ -76,6 +79,7 @@ def test_drafter_is_the_generate_flag(report):
     )
 
 
+@pytest.mark.slow
 def test_ratios_come_from_the_same_run(report):
     by = {r["config"]: r for r in report["results"]}
     for ref, key in (
@@ -90,12 +94,14 @@ def test_ratios_come_from_the_same_run(report):
         assert r["tokens_per_s"] == pytest.approx(r["new_tokens"] / r["total_s"])
 
 
+@pytest.mark.slow
 def test_greedy_is_token_identical_in_float64(report):
     for r in report["results"]:
         assert r["identical_rate"] == 1.0, r["config"]
         assert r["identical_rate_vs_specd_plain"] == 1.0, r["config"]
 
 
+@pytest.mark.slow
 def test_acceptance_fields(report):
     by = {r["config"]: r for r in report["results"]}
     assert by["specd-plain"]["mean_acceptance_length"] == pytest.approx(1.0)
@@ -113,6 +119,7 @@ def test_acceptance_fields(report):
         assert sum(hist.values()) == r["target_steps"]
 
 
+@pytest.mark.slow
 def test_prefix_cache_section(report):
     pc = report["prefix_cache"]
     for where in ("cursor", "middle"):
@@ -123,6 +130,7 @@ def test_prefix_cache_section(report):
     assert pc["middle"]["reused_tokens"] < pc["cursor"]["reused_tokens"]
 
 
+@pytest.mark.slow
 def test_targets_are_checked(report):
     names = [t["target"] for t in report["targets"]]
     assert any("HF plain" in n for n in names)
@@ -136,6 +144,7 @@ def test_targets_are_checked(report):
             assert t["met"] == (t["value"] >= t["goal"] if higher else t["value"] <= t["goal"]), t
 
 
+@pytest.mark.slow
 def test_markdown_has_a_row_per_config(report):
     md = render.markdown(report)
     for r in report["results"]:
@@ -143,6 +152,7 @@ def test_markdown_has_a_row_per_config(report):
     assert "Floor" in md and "Prefix cache" in md
 
 
+@pytest.mark.slow
 def test_markdown_says_whether_the_floor_step_was_compiled_and_how_long_that_took(report):
     floor = {**report["floor"], "compiled": True, "compile_s": 31.4, "ratio_lo": 1.4}
     floor.update(ratio_hi=1.7, eager_step_s=0.026, compiled_speedup=1.3, backend="kernel")
@@ -153,6 +163,7 @@ def test_markdown_says_whether_the_floor_step_was_compiled_and_how_long_that_too
     assert "spread 1.40–1.70×; step eager." in render.markdown({**report, "floor": eager})
 
 
+@pytest.mark.slow
 def test_plot_writes_a_png(report, tmp_path):
     out = tmp_path / "bench.png"
     render.plot(report, str(out))

@@ -94,6 +94,7 @@ def _args(*extra: str):
     return build_parser().parse_args(["bench", "--workload", "session", "--no-progress", *extra])
 
 
+@pytest.mark.slow
 def test_a_server_that_knows_the_file_scores_exact_on_every_request(tmp_path):
     """Guards the replay: an edit sent to the wrong position (a column not reset after a
     newline, a lost indentation change) makes the oracle's copy of the document differ
@@ -116,6 +117,7 @@ def test_a_server_that_knows_the_file_scores_exact_on_every_request(tmp_path):
         assert 0 < row["later_p90_s"] <= max(r["latency_s"] for r in row["per_request"])
 
 
+@pytest.mark.slow
 def test_a_server_that_never_suggests_ends_the_run_with_every_request_scored(tmp_path, monkeypatch):
     """Guards against a run that asks the first place again until a suggestion comes: a
     server with nothing to suggest held it for ten minutes. It stops waiting after
@@ -133,6 +135,7 @@ def test_a_server_that_never_suggests_ends_the_run_with_every_request_scored(tmp
         assert row["ready_s"] is None
 
 
+@pytest.mark.slow
 def test_the_session_report_carries_the_contract_fields(tmp_path, capsys):
     """``specd bench --workload session --json`` through the real daemon (tiny model):
     the fields DESIGN.md's contract names, per configuration."""

@@ -64,6 +64,7 @@ def _complete(source, config, *extra: str) -> dict:
     return json.loads(out.stdout)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", ["/v1", "/infill"])
 def test_complete_through_a_backend_equals_the_local_completion(
     http_server, source, no_healing, path
@@ -82,6 +83,7 @@ def test_complete_through_a_backend_equals_the_local_completion(
         assert remote["stats"]["target_steps"] == local["stats"]["target_steps"]
 
 
+@pytest.mark.slow
 def test_unreachable_backend_is_a_clear_error(source):
     out = subprocess.run(
         [*SPECD, "complete", str(source), "--line", "1", "--col", "1", "--model", "tiny"]
@@ -95,6 +97,7 @@ def test_unreachable_backend_is_a_clear_error(source):
     assert "--backend http://127.0.0.1:9/v1" in out.stderr
 
 
+@pytest.mark.slow
 def test_a_non_loopback_backend_needs_allow_remote(source):
     """Guards against code being sent off the machine without the user saying so."""
     out = subprocess.run(
@@ -126,6 +129,7 @@ def _open(client: RawClient, uri: str) -> None:
     )
 
 
+@pytest.mark.slow
 def test_language_server_with_a_backend_answers_inline_completions(http_server):
     """``specd serve --stdio --backend URL`` answers as the local server does: the same
     inline items, and underneath the same generated text (post-processing may turn the
@@ -160,6 +164,7 @@ def gated_server():
     server.close()
 
 
+@pytest.mark.slow
 def test_cancelling_an_lsp_request_reaches_the_server(gated_server):
     """Guards against a cancelled completion that keeps the server generating: the
     language server must close the stream, and the server must see the disconnect and
@@ -202,6 +207,7 @@ def test_backend_cancel_closes_the_stream(gated_server):
     assert len(first.text + "".join(d.text for d in rest)) < 200
 
 
+@pytest.mark.slow
 def test_backend_http_error_names_the_backend(http_server):
     """Guards against a refused request read as an empty completion."""
     engine = Engine.load("tiny")
@@ -211,6 +217,7 @@ def test_backend_http_error_names_the_backend(http_server):
         list(backend.stream("x", SamplingParams(max_tokens=100_000)))
 
 
+@pytest.mark.slow
 def test_no_watcher_thread_outlives_a_remote_generation(http_server):
     """Guards against the cancel watcher outliving its request: holding the last reference
     to the engine, it freed the model during Python's shutdown, which aborts the process

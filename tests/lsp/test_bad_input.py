@@ -317,6 +317,7 @@ def test_lifecycle_errors_and_end_of_input():
     assert b"Traceback" not in b"".join(client.stderr)
 
 
+@pytest.mark.slow
 def test_end_of_input_mid_generation_exits_cleanly_and_logs_hold_no_code():
     marker = "SECRET_SOURCE_7f3a"
     client = RawClient(verbose=2)

@@ -72,6 +72,7 @@ def test_serve_refuses_a_non_loopback_address(capsys):
     assert main(["serve", "--tcp", "8765", "--model", "tiny"]) == 2
 
 
+@pytest.mark.slow
 def test_daemon_serves_complete_and_stats_over_tcp(source, tmp_path, capsys):
     # Both sides compare the whole completion, so neither may be cut by the time budget
     # (a loaded machine can spend the default 2 s on a first request).

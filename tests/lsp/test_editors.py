@@ -30,6 +30,7 @@ INSTALL = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("editor", check.EDITORS, ids=[e.key for e in check.EDITORS])
 def test_the_documented_configuration_attaches_and_completes(editor):
     """Guards against a block that fails verbatim on its version (the 0.11 block calling

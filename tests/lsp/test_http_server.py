@@ -9,6 +9,8 @@ import subprocess
 import pytest
 from http_testing import ENV, SPECD, HttpServer, events, metrics, post, request
 
+pytestmark = pytest.mark.slow  # a server process per module, and `specd` processes beside it
+
 PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n"
 
 

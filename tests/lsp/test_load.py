@@ -6,6 +6,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "soak_server.py"
 
 
@@ -16,6 +18,7 @@ def _soak_module():
     return module
 
 
+@pytest.mark.slow
 def test_reduced_soak_answers_everything_without_growing():
     soak = _soak_module()
     report = soak.soak(requests=500, documents=25, rate=80, cancel=0.2, warmup=0.3, seed=1)

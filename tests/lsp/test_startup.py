@@ -81,6 +81,7 @@ def test_a_session_is_served_before_the_model_is_loaded_and_requests_wait_for_it
         service.close()
 
 
+@pytest.mark.slow
 def test_a_model_that_cannot_load_ends_the_server_with_one_line_and_exit_2(tmp_path):
     """Guards against a load that fails behind the protocol and leaves a server that
     answers ``initialize`` and then never answers a completion."""

@@ -26,6 +26,7 @@ def test_the_enumerated_law_is_a_distribution_over_the_horizon(scenario):
     assert len(law) > 8  # enough cells for the test to say something
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tree", ["iid", "topk"])
 def test_tree_drafts_keep_the_target_law(tree):
     options = {"model": "tiny:0", "tree": tree, "branch": 2}

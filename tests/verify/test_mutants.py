@@ -74,6 +74,7 @@ def test_each_verifier_mutant_is_caught_behind_ngram_with_near_certainty(mutant)
     assert best >= 0.999
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mutant", ENGINE_MUTANTS, ids=lambda c: c.name)
 def test_the_engine_check_fails_each_verifier_mutant_behind_ngram(mutant_plugins, mutant):
     """Sampled, through the real engine: the law check fails naming a sequence."""
@@ -108,6 +109,7 @@ def test_a_verifier_that_warps_p_again_is_caught_with_near_certainty():
     assert detection_probability(law, truth, VERIFIER_SAMPLES, df) >= 0.999
 
 
+@pytest.mark.slow
 def test_a_verifier_that_warps_p_again_fails_the_warped_scenario():
     """At temperature 1 without a cut, warping twice is warping once; the warped verifier
     scenario hands over already-warped rows with parameters that warp."""
@@ -116,6 +118,7 @@ def test_a_verifier_that_warps_p_again_fails_the_warped_scenario():
     assert not result.passed, result.detail
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", [None, "target"])
 def test_a_drafter_whose_q_applies_the_temperature_twice_fails(mutant_plugins, model):
     """Visible only away from temperature 1 and with a draft model peaked enough for the
@@ -134,6 +137,7 @@ def test_a_drafter_whose_q_applies_the_temperature_twice_fails(mutant_plugins, m
     assert not results[0].passed, results[0].detail
 
 
+@pytest.mark.slow
 def test_the_correct_draft_model_passes_where_its_q_twice_mutant_fails():
     """The same scenario, seeds and draft model: the failure above is the mutant's."""
     verifiers, options = plan("draft_model", None, None)

@@ -46,6 +46,7 @@ def q_results_of(cls: type[Drafter]) -> list:
         pm.unregister(Plugin)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mutant", Q_MUTANTS, ids=lambda m: m.name)
 def test_specd_verify_fails_a_dishonest_q_on_the_q_honesty_property(
     capsys, monkeypatch, mutant_plugins, mutant
@@ -65,6 +66,7 @@ def test_specd_verify_fails_a_dishonest_q_on_the_q_honesty_property(
     assert not any(r["property"].startswith("engine/") for r in report["results"])
 
 
+@pytest.mark.slow
 def test_the_honest_bigram_passes_at_every_setting(mutant_plugins):
     results = q_results(Bigram.name)
     assert [r.info["setting"] for r in results] == [s.name for s in dc.Q_SETTINGS]
@@ -75,6 +77,7 @@ def test_the_honest_bigram_passes_at_every_setting(mutant_plugins):
     assert results[0].info["deterministic"] == 2 * dc.Q_CALLS
 
 
+@pytest.mark.slow
 def test_an_argmax_draft_reported_as_sampled_fails(broken_plugins):
     """The draft model's argmax drafted while its softmax is handed over as q."""
     results = q_results("broken_argmax_q", {"model": "tiny:0"})
@@ -115,6 +118,7 @@ def _one_off(kind: str) -> type[Drafter]:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "kind, needle",
     [

@@ -90,6 +90,7 @@ def test_torch_rejection_matches_its_exact_law_per_stopping_position(shape):
     assert not failed, failed
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("broken", BROKEN_VERIFIERS, ids=lambda c: c.name)
 def test_broken_verifiers_fail_the_per_position_tests(broken):
     scenario = SCENARIOS["chain-sampled"]
@@ -100,6 +101,7 @@ def test_broken_verifiers_fail_the_per_position_tests(broken):
     assert any(t.rejects(ALPHA) for t in tests.values())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("broken", BROKEN_VERIFIERS, ids=lambda c: c.name)
 def test_broken_verifiers_fail_the_black_box_check(broken):
     """The check ``specd verify`` runs (which passes for the rejection verifier; see

@@ -49,6 +49,7 @@ VERIFIER_PROPERTIES = {
 QUICK_Q_CALLS = 500
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("drafter", BUILTIN_DRAFTERS)
 def test_passes_for_every_builtin_drafter(capsys, monkeypatch, drafter):
     monkeypatch.setattr(drafter_checks, "Q_CALLS", QUICK_Q_CALLS)
@@ -70,6 +71,7 @@ def test_passes_for_every_builtin_drafter(capsys, monkeypatch, drafter):
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("verifier", BUILTIN_VERIFIERS)
 def test_passes_for_every_builtin_verifier_alone(capsys, verifier):
     code, out, err = verify(capsys, "--verifier", verifier, "--json")
@@ -81,6 +83,7 @@ def test_passes_for_every_builtin_verifier_alone(capsys, verifier):
     assert {r["property"] for r in report["results"]} == want
 
 
+@pytest.mark.slow
 def test_a_broken_drafter_fails_naming_the_property_and_a_counterexample(
     capsys, monkeypatch, broken_plugins
 ):
@@ -111,6 +114,7 @@ def specd(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_the_command_line_checks_only_the_modes_a_named_verifier_claims():
     done = specd("verify", "--drafter", "ngram", "--verifier", "greedy", "--json")
     assert done.returncode == 0, done.stdout + done.stderr
