@@ -85,48 +85,48 @@ def test_a_build_this_cpu_cannot_run_is_refused_when_asked_for(
 
 @pytest.mark.slow
 @needs_kernel
-@pytest.mark.parametrize("name", cpu_kernels.ISAS)
-def test_the_environment_chooses_the_build(monkeypatch, name):
-    if name not in cpu_kernels.runnable_isas():
-        pytest.skip(f"this CPU ({kernel_build.host()}) cannot run the {name} kernels")
-    monkeypatch.setenv("SPECD_KERNEL_ISA", name.upper())
+@pytest.mark.parametrize("build", cpu_kernels.ISAS)
+def test_the_environment_chooses_the_build(monkeypatch, build):
+    if build not in cpu_kernels.runnable_isas():
+        pytest.skip(f"this CPU ({kernel_build.host()}) cannot run the {build} kernels")
+    monkeypatch.setenv("SPECD_KERNEL_ISA", build.upper())
     cpu_kernels._reset()
     try:
         assert cpu_kernels.available(), cpu_kernels.reason
-        assert cpu_kernels.isa() == name  # the library's own word for what it was built for
+        assert cpu_kernels.isa() == build  # the library's own word for what it was built for
     finally:
         monkeypatch.delenv("SPECD_KERNEL_ISA")
         cpu_kernels._reset()
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", cpu_kernels.ISAS)
-def test_the_self_test_of_each_build_passes(name):
+@pytest.mark.parametrize("build", cpu_kernels.ISAS)
+def test_the_self_test_of_each_build_passes(build):
     """selftest.cpp: the step and attention kernels of each build against a plain
     double-precision reference (chains and trees of 1-16 tokens, caches of several lengths),
     natively, or for neon on another host cross-built and run under qemu-aarch64."""
-    if name not in cpu_kernels.runnable_isas() and name != "neon":
-        pytest.skip(f"this CPU ({kernel_build.host()}) cannot run the {name} kernels")
-    native = name in cpu_kernels.runnable_isas()
+    if build not in cpu_kernels.runnable_isas() and build != "neon":
+        pytest.skip(f"this CPU ({kernel_build.host()}) cannot run the {build} kernels")
+    native = build in cpu_kernels.runnable_isas()
     needed = ["bash", "c++"] if native else ["bash", "aarch64-linux-gnu-g++", "qemu-aarch64"]
     missing = [
         tool for tool in needed if not shutil.which(tool) and not shutil.which(tool + "-static")
     ]
     if missing:
         pytest.skip(
-            f"the {name} self-test on {platform.machine()} needs {', '.join(needed[1:])}; "
+            f"the {build} self-test on {platform.machine()} needs {', '.join(needed[1:])}; "
             f"missing: {', '.join(missing)}"
             + ("" if native else " (apt-get install g++-aarch64-linux-gnu qemu-user)")
         )
     done = subprocess.run(
-        ["bash", str(SELFTEST), name],
+        ["bash", str(SELFTEST), build],
         capture_output=True,
         text=True,
         timeout=900,
         env={**os.environ, "PYTHON": sys.executable},
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert f"specd kernels, {name}: step" in done.stdout and done.stdout.rstrip().endswith("ok")
+    assert f"specd kernels, {build}: step" in done.stdout and done.stdout.rstrip().endswith("ok")
 
 
 @needs_kernel
