@@ -70,6 +70,7 @@ def replay_session(
     return ran
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(4))
 def test_static_step_equals_the_eager_step(seed):
     """The CUDA path's arithmetic on CPU: the whole buffer attended with a mask, tokens padded

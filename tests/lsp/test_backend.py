@@ -187,6 +187,7 @@ def test_cancelling_an_lsp_request_reaches_the_server(gated_server):
         client.close()
 
 
+@pytest.mark.slow
 def test_backend_cancel_closes_the_stream(gated_server):
     """The same at the Backend's level: a cancel while the read waits hangs up."""
     g, server = gated_server

@@ -57,6 +57,7 @@ def test_complete_bad_config_exits_2_naming_the_field(source, tmp_path, capsys):
     assert code == 2 and "`max-lines`" in err
 
 
+@pytest.mark.slow
 def test_complete_builds_its_engine_with_the_drafter_options(source, capsys):
     """``complete`` builds the engine the options describe: a drafter option reaches the
     drafter's constructor (a builder that drops it would complete without complaint)."""
