@@ -64,9 +64,9 @@ def runnable() -> tuple[str, ...]:
     machine = platform.machine().lower()
     if machine in ("x86_64", "amd64"):
         capability = torch.backends.cpu.get_cpu_capability()
-        found = ("avx512", "avx2") if capability.startswith("AVX512") else ()
-        found = found or (("avx2",) if capability.startswith("AVX2") else ())
-        return (*found, "scalar")
+        if capability.startswith("AVX512"):
+            return ("avx512", "avx2", "scalar")
+        return ("avx2", "scalar") if capability.startswith("AVX2") else ("scalar",)
     if machine in ("aarch64", "arm64"):
         return ("neon", "scalar")
     return ("scalar",)
