@@ -9,17 +9,21 @@ rollback is a length change.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
-from transformers.cache_utils import DynamicCache, DynamicLayer
 
 
-class _GrowingLayer(DynamicLayer):
+class _GrowingLayer:
     """One layer's keys and values in a buffer ``[B, H, capacity, D]`` of which the first
-    ``length`` positions are live."""
+    ``length`` positions are live. It has the methods of a transformers cache layer; it
+    becomes one (:func:`_hf_layer_class`) only when a transformers forward needs it, so the
+    lean forward never imports transformers."""
 
     def __init__(self, capacity: int = 256, dtype: torch.dtype | None = None) -> None:
-        super().__init__()
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+        self.is_initialized = False
         self._capacity = capacity
         self._dtype = dtype
         self._k: torch.Tensor | None = None
@@ -127,6 +131,19 @@ class _GrowingLayer(DynamicLayer):
         return self._k.numel() * self._k.element_size() + self._v.numel() * self._v.element_size()
 
 
+_hf_layer: type | None = None
+
+
+def _hf_layer_class() -> type:
+    """:class:`_GrowingLayer` as a transformers ``DynamicLayer`` (its methods first)."""
+    global _hf_layer
+    if _hf_layer is None:
+        from transformers.cache_utils import DynamicLayer
+
+        _hf_layer = type("_HFGrowingLayer", (_GrowingLayer, DynamicLayer), {})
+    return _hf_layer
+
+
 class KVCache:
     """The KV cache of one sequence: what the target has seen, and nothing more."""
 
@@ -135,12 +152,26 @@ class KVCache:
     ) -> None:
         """:param dtype: what keys and values are stored as (default: as the first written)."""
         self._layers = [_GrowingLayer(capacity, dtype) for _ in range(num_layers)]
-        self.hf = DynamicCache()
-        self.hf.layers = list(self._layers)
-        self.hf.layer_class_to_replicate = None
+        self._hf: Any = None
         #: The target's features (last hidden states) of positions ``0..F-1`` (``F <=
         #: length``), kept for drafters that read them; None when they are not known.
         self.features: torch.Tensor | None = None
+
+    @property
+    def hf(self) -> Any:
+        """The same layers as a transformers ``DynamicCache``, for a transformers forward
+        (built on first use: the lean forward never needs it)."""
+        if self._hf is None:
+            from transformers.cache_utils import DynamicCache
+
+            cls = _hf_layer_class()
+            for layer in self._layers:
+                layer.__class__ = cls
+            hf = DynamicCache()
+            hf.layers = list(self._layers)
+            hf.layer_class_to_replicate = None
+            self._hf = hf
+        return self._hf
 
     def layer(self, i: int) -> _GrowingLayer:
         """Layer ``i``'s keys and values; ``update(k, v)`` appends and returns the live views."""

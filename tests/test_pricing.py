@@ -158,3 +158,30 @@ def test_a_request_after_the_step_changed_prices_the_passes_again():
     assert step is not None and step.ready
     Engine(target, drafter="ngram").generate("ABCABC ABCABC", SamplingParams(max_tokens=8))
     assert target.pass_costs.backend == "static" and target.pass_costs(8) < 9.0
+
+
+def test_a_table_is_kept_for_the_next_start_on_this_machine(monkeypatch, tmp_path):
+    """Guards against pricing on every start (a second or two a one-token command would
+    pay each time), against a table read back for another model or backend, and against a
+    table that can never be measured again (SPECD_REPRICE, a stale or damaged file)."""
+    monkeypatch.setenv("SPECD_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("SPECD_REPRICE", raising=False)
+    calls = []
+    real = pricing.measure
+    monkeypatch.setattr(pricing, "measure", lambda *a, **k: calls.append(1) or real(*a, **k))
+    first = tiny_target(40, num_layers=1, seed=2).price_passes()
+    again = tiny_target(40, num_layers=1, seed=2).price_passes()  # the next start
+    assert len(calls) == 1 and again.prices == first.prices and again.backend == "eager"
+    tiny_target(40, num_layers=2, seed=2).price_passes()  # another model: its own table
+    assert len(calls) == 2
+    monkeypatch.setenv("SPECD_REPRICE", "1")
+    tiny_target(40, num_layers=1, seed=2).price_passes()
+    assert len(calls) == 3
+    monkeypatch.delenv("SPECD_REPRICE")
+    for f in (tmp_path / "prices").iterdir():
+        f.write_text("{not json")
+    tiny_target(40, num_layers=1, seed=2).price_passes()
+    assert len(calls) == 4
+    monkeypatch.setattr(pricing, "KEEP_S", -1.0)  # every saved table is stale
+    tiny_target(40, num_layers=1, seed=2).price_passes()
+    assert len(calls) == 5

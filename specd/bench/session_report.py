@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BadInputError
-from ..forward import cpu_kernels
 from ..stats import percentile
 from . import session, session_run
 from .session_run import CONFIGS, Daemon, SessionConfig
@@ -200,6 +199,7 @@ def _f(x: float | None, fmt: str, scale: float = 1.0) -> str:
 
 
 def _machine(args: argparse.Namespace, load_start: list[float] | None) -> dict[str, Any]:
+    from ..forward import cpu_kernels
     from .harness import _cpu_name
 
     return {

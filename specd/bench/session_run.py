@@ -12,6 +12,7 @@ ghost text.
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -122,12 +123,22 @@ def start(
     try:
         _initialize(server, config, cwd_uri)
     except ServerError as e:
-        if server.proc.poll() == EXIT_BAD_INPUT:  # it refused its options: say so as such
-            raise BadInputError(str(e)) from None
+        _refused(server, e)
         raise
     daemon.initialize_s = time.perf_counter() - server.started
     server.notify("initialized", {})
     return daemon
+
+
+def _refused(server: ServerProcess, error: ServerError) -> None:
+    """Raise ``error`` as bad input where the daemon ended refusing its options (exit 2: a
+    model that does not load, say, found at start or while it loads after ``initialize``)."""
+    try:  # its output ended: its exit status follows within moments
+        code = server.proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        return
+    if code == EXIT_BAD_INPUT:
+        raise BadInputError(str(error)) from None
 
 
 def _initialize(server: ServerProcess, config: SessionConfig, cwd_uri: str) -> None:
@@ -188,15 +199,19 @@ def replay(daemon: Daemon, script: Script, *, keystroke_s: float) -> None:
         waiting_for_ready = daemon.waiting
         for tries in range(READY_TRIES, -1, -1):
             t0 = time.perf_counter()
-            result = server.request(
-                "textDocument/inlineCompletion",
-                {
-                    "textDocument": {"uri": uri},
-                    "position": {"line": line, "character": col},
-                    "context": {"triggerKind": 2},
-                },
-                timeout=REQUEST_TIMEOUT_S,
-            )
+            try:
+                result = server.request(
+                    "textDocument/inlineCompletion",
+                    {
+                        "textDocument": {"uri": uri},
+                        "position": {"line": line, "character": col},
+                        "context": {"triggerKind": 2},
+                    },
+                    timeout=REQUEST_TIMEOUT_S,
+                )
+            except ServerError as e:
+                _refused(server, e)
+                raise
             latency = time.perf_counter() - t0
             text = suggestion(result, current, col)
             if first or not waiting_for_ready:

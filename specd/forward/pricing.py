@@ -5,20 +5,32 @@ little more than a step (a memory-bound step on a CPU that streams every weight 
 long draft is nearly free; where it costs several steps (a wide pass on a few cores, a CUDA
 graph padded to the next bucket), a draft pays only if most of it is accepted. The exit
 policy weighs both (``ExitPolicy.pass_cost``), so the prices are measured once per load,
-with the backend that serves the passes, on a scratch cache (:func:`measure`).
+with the backend that serves the passes, on a scratch cache (:func:`measure`), and kept in
+the cache directory for the next start on this machine (:func:`saved`, :func:`save`): a
+table is a second or two of timing that a one-token command should not pay each time.
+``SPECD_REPRICE=1`` measures again; a table older than :data:`KEEP_S` is measured again.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 import math
+import os
+import platform
 import statistics
 import time
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 
 from ..errors import BadInputError
 from ..kvcache import KVCache
+from ..paths import cache_dir
+
+log = logging.getLogger(__name__)
 
 #: Pass widths priced: the pending token and drafts of 1, 3, 7 and 15 tokens.
 PRICE_TOKENS = (1, 2, 4, 8, 16)
@@ -27,6 +39,8 @@ PRICE_TOKENS = (1, 2, 4, 8, 16)
 PRICE_CONTEXT = 256
 #: Timed rounds over every width, after one warm-up round.
 ROUNDS = 7
+#: How long a saved table is used before it is measured again (a week).
+KEEP_S = 7 * 24 * 3600
 
 
 class PassCosts:
@@ -122,3 +136,66 @@ def measure(
 
 def _no_sync() -> None:
     pass
+
+
+def key(target: Any, serving: str) -> dict:
+    """What a saved table must match: ``target``'s model and shape, the backend that serves
+    its passes, the threads, the kernel's instruction set and the CPU."""
+    from . import cpu_kernels
+
+    p = next(iter(target.model.parameters()), None)
+    return {
+        "model": target.name, "vocab": target.vocab_size, "weight_bytes": target.weight_bytes(),
+        "dtype": str(p.dtype) if p is not None else "", "device": str(target.device),
+        "backend": serving, "threads": torch.get_num_threads(),
+        "isa": cpu_kernels.isa() if serving == "kernel" else "",
+        "cpu": _cpu_name(), "torch": torch.__version__,
+    }  # fmt: skip
+
+
+def _cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else the platform's word for it."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.lower().startswith(("model name", "cpu model")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return f"{platform.machine()} {platform.processor()}"
+
+
+def _path(key: dict) -> os.PathLike:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return cache_dir() / "prices" / f"{digest}.json"
+
+
+def saved(key: dict) -> PassCosts | None:
+    """The table saved under ``key`` (the model, the backend, the machine, the threads), or
+    None when there is none, it is older than :data:`KEEP_S`, it does not parse, or
+    ``SPECD_REPRICE`` is set."""
+    if os.environ.get("SPECD_REPRICE", "").strip().lower() in ("1", "on", "true", "yes"):
+        return None
+    try:
+        with open(_path(key), encoding="utf-8") as f:
+            data = json.load(f)
+        if data.get("key") != key or time.time() - float(data["saved_at"]) > KEEP_S:
+            return None
+        return PassCosts({int(n): float(c) for n, c in data["prices"].items()}, data["backend"])
+    except (OSError, ValueError, KeyError, TypeError, BadInputError):
+        return None
+
+
+def save(key: dict, costs: PassCosts) -> None:
+    """Keep ``costs`` under ``key`` for the next start (a failure to write is logged)."""
+    path = _path(key)
+    data = {"key": key, "saved_at": time.time(), "backend": costs.backend,
+            "prices": {str(n): c for n, c in costs.prices.items()}}  # fmt: skip
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(data, f)
+        os.replace(tmp, path)
+    except OSError as e:
+        log.info("verify pass prices not saved: %s", e)

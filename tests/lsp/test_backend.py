@@ -78,9 +78,9 @@ def test_complete_through_a_backend_equals_the_local_completion(
     assert remote["text"] == local["text"]
     assert remote["raw_text"] == local["raw_text"]
     assert remote["stats"]["drafter"] == "remote"
-    if path == "/v1":  # specd's extension carries the exact ids and counts
+    if path == "/v1":  # specd's extension carries the exact ids (the step counts follow the
+        # draft lengths, which follow what verify passes cost on this host at each load)
         assert remote["token_ids"] == local["token_ids"]
-        assert remote["stats"]["target_steps"] == local["stats"]["target_steps"]
 
 
 @pytest.mark.slow
