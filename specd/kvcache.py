@@ -168,7 +168,8 @@ class KVCache:
             for layer in self._layers:
                 layer.__class__ = cls
             hf = DynamicCache()
-            hf.layers = list(self._layers)
+            # each layer is a DynamicLayer now (its class was switched above)
+            hf.layers = list(self._layers)  # type: ignore[arg-type]
             hf.layer_class_to_replicate = None
             self._hf = hf
         return self._hf
