@@ -166,6 +166,7 @@ def test_a_table_is_kept_for_the_next_start_on_this_machine(monkeypatch, tmp_pat
     table that can never be measured again (SPECD_REPRICE, a stale or damaged file)."""
     monkeypatch.setenv("SPECD_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("SPECD_REPRICE", raising=False)
+    monkeypatch.delenv("SPECD_PRICE_CACHE", raising=False)
     calls = []
     real = pricing.measure
     monkeypatch.setattr(pricing, "measure", lambda *a, **k: calls.append(1) or real(*a, **k))
@@ -185,3 +186,9 @@ def test_a_table_is_kept_for_the_next_start_on_this_machine(monkeypatch, tmp_pat
     monkeypatch.setattr(pricing, "KEEP_S", -1.0)  # every saved table is stale
     tiny_target(40, num_layers=1, seed=2).price_passes()
     assert len(calls) == 5
+    monkeypatch.setattr(pricing, "KEEP_S", 3600.0)
+    monkeypatch.setenv("SPECD_PRICE_CACHE", "off")  # neither read nor kept
+    saved = sorted(f.read_text() for f in (tmp_path / "prices").iterdir())
+    tiny_target(40, num_layers=1, seed=2).price_passes()
+    assert len(calls) == 6
+    assert sorted(f.read_text() for f in (tmp_path / "prices").iterdir()) == saved

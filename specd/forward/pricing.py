@@ -8,7 +8,8 @@ policy weighs both (``ExitPolicy.pass_cost``), so the prices are measured once p
 with the backend that serves the passes, on a scratch cache (:func:`measure`), and kept in
 the cache directory for the next start on this machine (:func:`saved`, :func:`save`): a
 table is a second or two of timing that a one-token command should not pay each time.
-``SPECD_REPRICE=1`` measures again; a table older than :data:`KEEP_S` is measured again.
+``SPECD_REPRICE=1`` measures again (and keeps the new table); ``SPECD_PRICE_CACHE=off`` neither
+reads nor keeps one; a table older than :data:`KEEP_S` is measured again.
 """
 
 from __future__ import annotations
@@ -165,6 +166,10 @@ def _cpu_name() -> str:
     return f"{platform.machine()} {platform.processor()}"
 
 
+def _cache_off() -> bool:
+    return os.environ.get("SPECD_PRICE_CACHE", "").strip().lower() in ("0", "off", "false", "no")
+
+
 def _path(key: dict) -> os.PathLike:
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return cache_dir() / "prices" / f"{digest}.json"
@@ -174,7 +179,12 @@ def saved(key: dict) -> PassCosts | None:
     """The table saved under ``key`` (the model, the backend, the machine, the threads), or
     None when there is none, it is older than :data:`KEEP_S`, it does not parse, or
     ``SPECD_REPRICE`` is set."""
-    if os.environ.get("SPECD_REPRICE", "").strip().lower() in ("1", "on", "true", "yes"):
+    if _cache_off() or os.environ.get("SPECD_REPRICE", "").strip().lower() in (
+        "1",
+        "on",
+        "true",
+        "yes",
+    ):
         return None
     try:
         with open(_path(key), encoding="utf-8") as f:
@@ -188,6 +198,8 @@ def saved(key: dict) -> PassCosts | None:
 
 def save(key: dict, costs: PassCosts) -> None:
     """Keep ``costs`` under ``key`` for the next start (a failure to write is logged)."""
+    if _cache_off():
+        return
     path = _path(key)
     data = {"key": key, "saved_at": time.time(), "backend": costs.backend,
             "prices": {str(n): c for n, c in costs.prices.items()}}  # fmt: skip
