@@ -6,6 +6,9 @@ Names are what ``--configs`` takes:
 - ``hf-prompt-lookup`` or ``hf-prompt-lookup-N``: ``generate(prompt_lookup_num_tokens=N)``
   (default 10, the value Hugging Face's documentation uses).
 - ``hf-assisted``: ``generate(assistant_model=...)`` with ``--draft-model``.
+- ``llamacpp-plain``: llama.cpp's greedy decoding of the model's GGUF file, and
+  ``llamacpp-lookup`` or ``llamacpp-lookup-N``: with its prompt lookup (N draft tokens,
+  default 10, the binding's default), through ``llama-cpp-python`` (:mod:`.llamacpp`).
 - ``specd-plain``: the engine with ``--drafter none``.
 - ``specd-DRAFTER-POLICY-kN``: the engine with that drafter, exit policy and ``--max-draft N``,
   e.g. ``specd-ngram-adaptive-k8``; ``+KEY=VALUE`` suffixes pass drafter options, e.g.
@@ -29,10 +32,18 @@ HF_PLAIN = "hf-plain"
 HF_PROMPT_LOOKUP = "hf-prompt-lookup"
 HF_ASSISTED = "hf-assisted"
 SPECD_PLAIN = "specd-plain"
+LLAMACPP_PLAIN = "llamacpp-plain"
+LLAMACPP_LOOKUP = "llamacpp-lookup"
 REFERENCES = (HF_PLAIN, HF_PROMPT_LOOKUP, SPECD_PLAIN)
 
 #: Hugging Face's documented example value for ``prompt_lookup_num_tokens``.
 HF_PROMPT_LOOKUP_TOKENS = 10
+
+#: ``LlamaPromptLookupDecoding``'s default ``num_pred_tokens``.
+LLAMACPP_LOOKUP_TOKENS = 10
+
+#: The llama.cpp configurations run by default (skipped with the reason where they cannot).
+LLAMACPP_DEFAULTS = [LLAMACPP_PLAIN, LLAMACPP_LOOKUP, f"{LLAMACPP_LOOKUP}-2"]
 
 #: Drafters that need a draft model (``--draft-model``) to be benchmarked.
 MODEL_DRAFTERS = ("draft_model",)
@@ -60,7 +71,7 @@ class Config:
     """
 
     name: str
-    kind: str  # "hf" | "specd"
+    kind: str  # "hf" | "specd" | "llamacpp"
     drafter: str | None = None
     exit_policy: str | None = None
     max_draft: int = 0
@@ -93,6 +104,7 @@ _SPECD_RE = re.compile(
     r"^specd-(?P<drafter>.+)-(?P<policy>[a-z_]+)-k(?P<k>\d+)(?P<opts>(?:\+[^+=]+=[^+]*)*)$"
 )
 _PL_RE = re.compile(r"^hf-prompt-lookup(?:-(?P<n>\d+))?$")
+_LLAMACPP_RE = re.compile(r"^llamacpp-lookup(?:-(?P<n>\d+))?$")
 
 
 def parse(
@@ -114,13 +126,15 @@ def parse(
         if draft_model is None:
             raise BadInputError(f"configuration {name!r} needs --draft-model")
         return Config(HF_ASSISTED, "hf", assisted=True)
+    if name.startswith("llamacpp-"):
+        return _parse_llamacpp(name)
     if name in (SPECD_PLAIN, "specd-none"):
         return Config(SPECD_PLAIN, "specd", drafter=NO_DRAFTER)
     m = _SPECD_RE.match(name)
     if not m:
         raise BadInputError(
             f"unknown configuration {name!r}; use hf-plain, hf-prompt-lookup[-N], hf-assisted, "
-            "specd-plain or specd-DRAFTER-POLICY-kN[+KEY=VALUE...] (e.g. specd-ngram-adaptive-k8)"
+            "llamacpp-plain, llamacpp-lookup[-N], specd-plain or specd-DRAFTER-POLICY-kN[+KEY=VALUE...] (e.g. specd-ngram-adaptive-k8)"
         )
     drafter, policy, k = m["drafter"], m["policy"], int(m["k"])
     registry.drafter_class(drafter)  # raises UnknownPluginError (a BadInputError)
@@ -139,6 +153,21 @@ def parse(
     return Config(
         name, "specd", drafter=drafter, exit_policy=policy, max_draft=k, drafter_options=options
     )
+
+
+def _parse_llamacpp(name: str) -> Config:
+    if name == LLAMACPP_PLAIN:
+        return Config(name, "llamacpp")
+    m = _LLAMACPP_RE.match(name)
+    if not m:
+        raise BadInputError(
+            f"unknown llama.cpp configuration {name!r}; use llamacpp-plain or "
+            "llamacpp-lookup[-N] (prompt lookup with N draft tokens)"
+        )
+    n = int(m["n"]) if m["n"] else LLAMACPP_LOOKUP_TOKENS
+    if n < 1:
+        raise BadInputError(f"configuration {name!r}: prompt lookup needs at least 1 token")
+    return Config(name, "llamacpp", prompt_lookup_tokens=n)
 
 
 def default_names(*, draft_model: str | None = None) -> tuple[list[str], list[dict[str, str]]]:
@@ -169,6 +198,7 @@ def default_names(*, draft_model: str | None = None) -> tuple[list[str], list[di
             ]
         else:
             names += wanted
+    names += LLAMACPP_DEFAULTS
     if draft_model is not None:
         names.append(HF_ASSISTED)
     else:

@@ -68,7 +68,18 @@ def run(
     draft_lm: torch.nn.Module | None = None,
 ) -> dict[str, Any]:
     """Run the benchmark and return the report (the JSON contract of ``specd bench``)."""
+    skipped = list(skipped or [])
+    if any(c.kind == "llamacpp" for c in configs):
+        from . import llamacpp
+
+        why = llamacpp.unavailable(target.name)
+        if why is not None:
+            log.warning("the llama.cpp configurations are skipped: %s", why)
+            skipped += [{"config": c.name, "reason": why} for c in configs if c.kind == "llamacpp"]
+            configs = [c for c in configs if c.kind != "llamacpp"]
     machine = machine_info(target)
+    if any(c.kind == "llamacpp" for c in configs):
+        machine["llama_cpp"] = llamacpp.version()
     prefix_prompts = [p for p in prompts if p.text][: opts.prefix_prompts] if opts.prefix else []
     isolated = opts.rss == "isolated"
     total = (
@@ -83,7 +94,12 @@ def run(
             bar.set_description("floor")
             floor = floor_mod.measure(target, opts.context_tokens)
 
-        runner = Runner(target, draft_lm=draft_lm, track_rss=opts.rss == "inprocess")
+        runner = Runner(
+            target,
+            draft_lm=draft_lm,
+            track_rss=opts.rss == "inprocess",
+            llamacpp_ctx=max(len(p.ids) + p.max_tokens for p in prompts),
+        )
         failed: dict[str, str] = {}
 
         def attempt(cfg: Config, prompt: Prompt) -> Run | None:
@@ -140,7 +156,7 @@ def run(
                 bar.update(1)
 
     machine["load_avg_end"] = _loadavg()
-    results = aggregate(configs, runs, rss)
+    results = aggregate(configs, runs, rss, load_s=runner.load_times())
     report: dict[str, Any] = {
         "workload": workload,
         "machine": machine,
@@ -151,7 +167,7 @@ def run(
             for p in prompts
         ],
         "prefix_cache": prefix,
-        "skipped": list(skipped or []) + [{"config": n, "reason": r} for n, r in failed.items()],
+        "skipped": skipped + [{"config": n, "reason": r} for n, r in failed.items()],
         "rss_method": opts.rss,
     }
     report["targets"] = check_targets(report)

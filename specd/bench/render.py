@@ -47,6 +47,7 @@ def markdown(report: dict[str, Any]) -> str:
                 f"| {_f(r.get('cpu_speedup_vs_hf_prompt_lookup'), '.2f')} "
                 f"| {_f(r.get('cpu_speedup_vs_specd_plain'), '.2f')} |"
             )
+    lines += _llamacpp_lines(report["results"])
     fl = report.get("floor")
     if fl:
         lines += [
@@ -105,6 +106,37 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _llamacpp_lines(results: list[dict[str, Any]]) -> list[str]:
+    """The ratios to llama.cpp's configurations, where they ran."""
+    llama = [r for r in results if r.get("kind") == "llamacpp"]
+    if not llama:
+        return []
+    best = llama[0].get("best_llamacpp_speculation")
+    lines = [
+        "",
+        "llama.cpp (`llama-cpp-python`, the same GGUF file, prompts and threads; identical and "
+        "common prefix: its tokens against specd plain's, information rather than a check, "
+        "the arithmetic differs):",
+        "",
+        f"| config | tok/s | × llama.cpp plain | × {best or 'best llama.cpp speculation'} "
+        "| accept len | TTFT ms | TPOT p50 ms | load s | identical | common prefix |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        if r.get("kind") == "hf":
+            continue  # the Hugging Face baselines have their own columns above
+        lines.append(
+            f"| {r['config']} | {_f(r['tokens_per_s'], '.1f')} "
+            f"| {_f(r.get('speedup_vs_llamacpp_plain'), '.2f')} "
+            f"| {_f(r.get('speedup_vs_best_llamacpp_speculation'), '.2f')} "
+            f"| {_f(r['mean_acceptance_length'], '.2f')} | {_f(r['ttft_s'], '.0f', 1e3)} "
+            f"| {_f(r['tpot_p50_s'], '.1f', 1e3)} | {_f(r.get('load_s'), '.2f')} "
+            f"| {_f(r.get('identical_rate_vs_specd_plain'), '.0%')} "
+            f"| {_f(r.get('common_prefix_vs_specd_plain'), '.0%')} |"
+        )
+    return lines
+
+
 # -- plots --------------------------------------------------------------------------------------
 
 
@@ -120,7 +152,11 @@ def plot(report: dict[str, Any], path: str) -> None:
     names = [r["config"] for r in results]
     speed = [r["speedup_vs_hf_plain"] or 0.0 for r in results]
     colors = [
-        "#999999" if r.get("kind") == "hf" else ("#4c72b0" if r["drafter"] == "none" else "#dd8452")
+        "#999999"
+        if r.get("kind") == "hf"
+        else "#55a868"
+        if r.get("kind") == "llamacpp"
+        else ("#4c72b0" if r["drafter"] == "none" else "#dd8452")
         for r in results
     ]
     y = range(len(names))

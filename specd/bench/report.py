@@ -13,7 +13,7 @@ from collections import Counter
 from typing import Any
 
 from ..stats import percentile
-from .configs import HF_PLAIN, HF_PROMPT_LOOKUP, SPECD_PLAIN, Config
+from .configs import HF_PLAIN, HF_PROMPT_LOOKUP, LLAMACPP_PLAIN, SPECD_PLAIN, Config
 from .runners import Run
 
 
@@ -93,18 +93,49 @@ def summarize(cfg: Config, runs: list[Run]) -> dict[str, Any]:
         out["fallbacks"] = falls
     else:
         out["position_acceptance"] = None  # generate does not expose it
+    if cfg.kind == "llamacpp" and cfg.prompt_lookup_tokens:
+        out["drafted"] = sum(r.drafted for r in runs)
+        out["accepted"] = sum(r.accepted for r in runs)
+        out["acceptance_rate"] = out["accepted"] / out["drafted"] if out["drafted"] else None
     out.update(cfg.as_json())
     return out
+
+
+def common_prefix_rate(runs: list[Run], reference: list[Run]) -> float | None:
+    """Share of the reference's tokens each run repeats before it first differs, pooled
+    over the prompts: how far two kinds of arithmetic agree, where identity is too coarse."""
+    if not runs or len(runs) != len(reference):
+        return None
+    same = total = 0
+    for r, ref in zip(runs, reference):
+        n = 0
+        while n < min(len(r.token_ids), len(ref.token_ids)) and r.token_ids[n] == ref.token_ids[n]:
+            n += 1
+        same, total = same + n, total + len(ref.token_ids)
+    return same / total if total else None
+
+
+def best_llamacpp_speculation(rows: dict[str, dict[str, Any]]) -> str | None:
+    """The llama.cpp speculation configuration with the most tokens/s in this run."""
+    spec = [r for r in rows.values() if r["kind"] == "llamacpp" and r["config"] != LLAMACPP_PLAIN]
+    return max(spec, key=lambda r: r["tokens_per_s"])["config"] if spec else None
 
 
 def aggregate(
     configs: list[Config],
     runs: dict[str, list[Run]],
     rss: dict[str, dict[str, float]] | None = None,
+    *,
+    load_s: dict[str, float] | None = None,
 ) -> list[dict[str, Any]]:
-    """The ``results`` list of the report, one entry per configuration, in run order."""
+    """The ``results`` list of the report, one entry per configuration, in run order.
+
+    :param load_s: seconds a configuration took to load, for those loaded apart from the
+        target (llama.cpp's); reported, never counted in a rate.
+    """
     rss = rss or {}
     rows = {c.name: summarize(c, runs[c.name]) for c in configs}
+    best_spec = best_llamacpp_speculation(rows)
     ref_tps = {
         n: rows[n]["tokens_per_s"] if n in rows else None
         for n in (HF_PLAIN, HF_PROMPT_LOOKUP, SPECD_PLAIN)
@@ -123,6 +154,18 @@ def aggregate(
         ):
             row[key] = _ratio(
                 row["cpu_tokens_per_s"], rows[ref]["cpu_tokens_per_s"] if ref in rows else None
+            )
+        row["speedup_vs_llamacpp_plain"] = _ratio(
+            tps, rows[LLAMACPP_PLAIN]["tokens_per_s"] if LLAMACPP_PLAIN in rows else None
+        )
+        row["best_llamacpp_speculation"] = best_spec
+        row["speedup_vs_best_llamacpp_speculation"] = _ratio(
+            tps, rows[best_spec]["tokens_per_s"] if best_spec else None
+        )
+        if c.kind == "llamacpp":
+            row["load_s"] = (load_s or {}).get(c.name)
+            row["common_prefix_vs_specd_plain"] = (
+                common_prefix_rate(runs[c.name], runs[SPECD_PLAIN]) if SPECD_PLAIN in runs else None
             )
         row["decode_speedup_vs_hf_plain"] = _ratio(
             row["decode_tokens_per_s"],

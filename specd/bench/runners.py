@@ -1,9 +1,10 @@
 """Running one configuration on one prompt, timed the same way for every configuration.
 
-Both kinds are timed from the outside: a Hugging Face streamer sees each step's tokens as
-``generate`` produces them, and the engine's stream yields one delta per target step. Each
-such *event* gets a timestamp, so TTFT, time per output token and tokens per target step
-are measured by one piece of code for both.
+Every kind is timed from the outside: a Hugging Face streamer sees each step's tokens as
+``generate`` produces them, the engine's stream yields one delta per target step, and
+llama.cpp's tokens are grouped by the forward pass that produced them (:mod:`.llamacpp`).
+Each such *event* gets a timestamp, so TTFT, time per output token and tokens per target
+step are measured by one piece of code for all.
 """
 
 from __future__ import annotations
@@ -70,14 +71,23 @@ class Runner:
     :param draft_lm: a draft model for ``hf-assisted``, or None.
     :param track_rss: reset the process's peak-RSS mark before each run and read it after
         (Linux ``/proc/self/clear_refs``), so each run reports its own peak.
+    :param llamacpp_ctx: the context the llama.cpp configurations allocate at first (the
+        longest prompt plus its new tokens); a longer prompt reloads them.
     """
 
     def __init__(
-        self, target: Target, *, draft_lm: torch.nn.Module | None = None, track_rss: bool = False
+        self,
+        target: Target,
+        *,
+        draft_lm: torch.nn.Module | None = None,
+        track_rss: bool = False,
+        llamacpp_ctx: int = 0,
     ) -> None:
         self.target = target
         self.draft_lm = draft_lm
         self.track_rss = track_rss and _can_reset_peak_rss()
+        self.llamacpp_ctx = llamacpp_ctx
+        self._llamacpp: Any = None
         self._engines: dict[str, Engine] = {}
         eos = sorted(target.eos_token_ids)
         self._eos = eos
@@ -99,6 +109,9 @@ class Runner:
         return self._engines[cfg.name]
 
     def run(self, cfg: Config, prompt: Prompt) -> Run:
+        if cfg.kind == "llamacpp":
+            # Loaded before any clock starts: a load is no part of a run.
+            self.llamacpp().load(cfg, len(prompt.ids) + prompt.max_tokens)
         cuda = self.target.device.type == "cuda"
         if self.track_rss:
             reset_peak_rss()
@@ -106,7 +119,12 @@ class Runner:
             torch.cuda.synchronize(self.target.device)
             torch.cuda.reset_peak_memory_stats(self.target.device)
         cpu0 = time.process_time()
-        run = self._run_hf(cfg, prompt) if cfg.kind == "hf" else self._run_specd(cfg, prompt)
+        if cfg.kind == "hf":
+            run = self._run_hf(cfg, prompt)
+        elif cfg.kind == "llamacpp":
+            run = self.llamacpp().run(cfg, prompt)
+        else:
+            run = self._run_specd(cfg, prompt)
         run.cpu_s = time.process_time() - cpu0
         if cuda:
             torch.cuda.synchronize(self.target.device)
@@ -114,6 +132,26 @@ class Runner:
         if self.track_rss:
             run.peak_rss_kb = peak_rss_kb()
         return run
+
+    def llamacpp(self):
+        """The llama.cpp runner for this target's GGUF file (:mod:`.llamacpp`)."""
+        if self._llamacpp is None:
+            from . import llamacpp
+
+            path = llamacpp.model_file(self.target.name)
+            if path is None:
+                raise ValueError(llamacpp.unavailable(self.target.name))
+            self._llamacpp = llamacpp.LlamaCppRunner(
+                path,
+                eos_token_ids=self.target.eos_token_ids,
+                vocab_size=self.target.vocab_size,
+                longest=self.llamacpp_ctx,
+            )
+        return self._llamacpp
+
+    def load_times(self) -> dict[str, float]:
+        """Seconds each llama.cpp configuration took to load (kept out of its rates)."""
+        return dict(self._llamacpp.load_s) if self._llamacpp is not None else {}
 
     # -- specd ------------------------------------------------------------------------------
 

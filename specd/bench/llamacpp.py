@@ -1,0 +1,213 @@
+"""llama.cpp as a baseline, through its Python binding ``llama-cpp-python`` (the extra
+``specd[llamacpp]``).
+
+``llamacpp-plain`` is llama.cpp's greedy decoding of the model's own GGUF file;
+``llamacpp-lookup[-N]`` adds the binding's draftless speculation, prompt lookup
+(``llama_cpp.llama_speculative.LlamaPromptLookupDecoding(num_pred_tokens=N)``). The C++
+server's ``--spec-type`` n-gram modes live in the server and the ``common`` library, which
+the binding does not expose, so prompt lookup is the one draftless mode reachable here.
+
+Each configuration loads its ``Llama`` once (the load is timed and kept out of the rates),
+with as many threads as torch uses, and is fed the very token ids specd is fed. Like every
+other configuration of the bench, each run starts with an empty KV cache: ``Llama.generate``
+would otherwise reuse the longest prefix the previous prompt left behind.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .configs import Config
+from .runners import Run
+from .workloads import Prompt
+
+#: Extra context past the prompt and its new tokens: the binding appends a whole draft to
+#: the tokens it evaluates, and the tokens must fit in the context.
+DRAFT_SLACK = 32
+
+
+def import_error() -> str | None:
+    """Why ``llama_cpp`` cannot be used here (its import error), or None when it imports."""
+    try:
+        import llama_cpp  # noqa: F401
+        import llama_cpp.llama_speculative  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - a failed build raises OSError/RuntimeError too
+        return (
+            f"llama-cpp-python is not usable (install it with pip install 'specd[llamacpp]'): "
+            f"{type(exc).__name__}: {exc}"
+        )
+    return None
+
+
+def version() -> str | None:
+    """The installed ``llama-cpp-python`` version (None when it is not installed)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("llama-cpp-python")
+    except PackageNotFoundError:
+        return None
+
+
+def model_file(model: str) -> Path | None:
+    """The GGUF file of ``model`` (an alias of :data:`specd.forward.models.ALIASES`), or None
+    when the model is not one."""
+    from ..forward.models import ALIASES, gguf_path
+
+    source = ALIASES.get(model)
+    return gguf_path(source) if source is not None else None
+
+
+def unavailable(model: str) -> str | None:
+    """Why the llama.cpp configurations cannot run on ``model`` (None: they can)."""
+    if model not in _aliases():
+        return f"llama.cpp runs GGUF files; {model} is not one"
+    return import_error()
+
+
+def _aliases() -> tuple[str, ...]:
+    from ..forward.models import ALIASES
+
+    return tuple(ALIASES)
+
+
+class LlamaCppRunner:
+    """Runs the llama.cpp configurations on one GGUF file, one ``Llama`` per configuration.
+
+    :param model_path: the GGUF file.
+    :param eos_token_ids: the tokens that end a generation (the target's, so both stop alike).
+    :param vocab_size: the target's vocabulary; a file with another one is refused, since the
+        prompts' token ids would mean other tokens there.
+    :param longest: the longest prompt plus its new tokens the runs will ask for: the context
+        to allocate at first (a longer one reloads the configuration).
+    """
+
+    def __init__(
+        self,
+        model_path: Path,
+        *,
+        eos_token_ids: set[int] | frozenset[int],
+        vocab_size: int,
+        longest: int = 0,
+    ) -> None:
+        self.model_path = model_path
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.vocab_size = vocab_size
+        self.longest = longest
+        #: seconds each configuration's (last) load took; not part of any rate
+        self.load_s: dict[str, float] = {}
+        self._llms: dict[str, tuple[Any, _Steps, _CountingDraft | None]] = {}
+
+    def load(self, cfg: Config, need: int) -> tuple[Any, _Steps, _CountingDraft | None]:
+        """The configuration's ``Llama``, loaded on first use or when ``need`` tokens (a
+        prompt and its new tokens) do not fit its context."""
+        have = self._llms.get(cfg.name)
+        if have is not None and have[0].n_ctx() >= need + DRAFT_SLACK:
+            return have
+        import llama_cpp
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        self.longest = max(self.longest, need)
+        draft = None
+        if cfg.prompt_lookup_tokens:
+            draft = _CountingDraft(
+                LlamaPromptLookupDecoding(num_pred_tokens=cfg.prompt_lookup_tokens)
+            )
+        threads = torch.get_num_threads()
+        t0 = time.perf_counter()
+        llm = llama_cpp.Llama(
+            model_path=str(self.model_path),
+            n_ctx=self.longest + DRAFT_SLACK,
+            n_threads=threads,
+            n_threads_batch=threads,
+            n_batch=512,
+            verbose=False,
+            logits_all=False,  # the binding turns it on itself when it speculates
+            draft_model=draft,
+        )
+        self.load_s[cfg.name] = time.perf_counter() - t0
+        if llm.n_vocab() != self.vocab_size:
+            raise ValueError(
+                f"{self.model_path.name} has {llm.n_vocab()} tokens, the target "
+                f"{self.vocab_size}: the prompts' token ids would mean other tokens"
+            )
+        steps = _Steps(llm.eval)
+        llm.eval = steps  # one call of eval is one forward pass: the target step
+        self._llms[cfg.name] = (llm, steps, draft)
+        return self._llms[cfg.name]
+
+    def run(self, cfg: Config, prompt: Prompt) -> Run:
+        """Greedy generation of up to ``prompt.max_tokens`` tokens after ``prompt.ids``,
+        stopping before an end-of-sequence token, timed per target step."""
+        llm, steps, draft = self.load(cfg, len(prompt.ids) + prompt.max_tokens)
+        # An empty KV cache: without this generate keeps the previous prompt's longest
+        # common prefix and evaluates only the rest, which would flatter the TTFT.
+        llm.reset()
+        steps.calls = 0
+        if draft is not None:
+            draft.drafted = 0
+        tokens: list[int] = []
+        events: list[tuple[float, int]] = []
+        seen_step = 0
+        t0 = last = time.perf_counter()
+        gen = llm.generate(list(prompt.ids), top_k=1, temp=0.0, repeat_penalty=1.0)
+        try:
+            for token in gen:
+                now = time.perf_counter()
+                token = int(token)
+                if token in self.eos_token_ids:
+                    break
+                tokens.append(token)
+                if steps.calls != seen_step or not events:
+                    # The first token out of a new forward pass opens the pass's event.
+                    seen_step = steps.calls
+                    events.append((now - last, 1))
+                    last = now
+                else:  # a draft token the same pass accepted
+                    events[-1] = (events[-1][0], events[-1][1] + 1)
+                if len(tokens) >= prompt.max_tokens:
+                    break
+        finally:
+            gen.close()
+        total = time.perf_counter() - t0
+        llm.reset()
+        return Run(
+            token_ids=tokens,
+            total_s=total,
+            ttft_s=events[0][0] if events else total,
+            events=events,
+            steps=len(events),
+            drafted=draft.drafted if draft is not None else 0,
+            accepted=len(tokens) - len(events),
+        )
+
+
+class _Steps:
+    """Wraps ``Llama.eval`` to count forward passes."""
+
+    def __init__(self, inner: Callable[..., Any]) -> None:
+        self.inner = inner
+        self.calls = 0
+
+    def __call__(self, tokens: Any) -> Any:
+        self.calls += 1
+        return self.inner(tokens)
+
+
+class _CountingDraft:
+    """A draft model that counts what the wrapped one proposed."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.drafted = 0
+
+    def __call__(self, input_ids: Any, /, **kwargs: Any) -> Any:
+        out = self.inner(input_ids, **kwargs)
+        self.drafted += len(out)
+        return out
