@@ -108,6 +108,7 @@ class Engine:
         compile: str = "auto",
         prefill_dtype: str | None = None,
         packed_weights: str = "off",
+        weights: str = "auto",
         **engine_options: Any,
     ) -> Engine:
         """Load a model offline, price its verify passes and build an engine around it.
@@ -115,12 +116,18 @@ class Engine:
         :param model: as ``--model`` takes it (:func:`specd.forward.models.load_target`).
         :param compile, prefill_dtype, packed_weights: :meth:`specd.Target.compile`,
             :meth:`specd.Target.set_prefill_dtype`, :meth:`specd.Target.pack_weights`.
+        :param weights: how to store the matrices, as ``--weights`` takes it
+            (:mod:`specd.forward.weights`).
         :param engine_options: the keyword arguments of :class:`Engine`.
         """
+        from .forward import weights as stored
         from .forward.models import load_target, parse_dtype
 
         prefill = parse_dtype(prefill_dtype) if prefill_dtype else None  # fail before loading
-        target = load_target(model, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
+        target = load_target(
+            model, dtype=dtype, device=device, trust_remote_code=trust_remote_code, weights=weights
+        )
+        stored.check_serving(target.model, prefill, packed_weights)
         target.set_prefill_dtype(prefill)
         target.pack_weights(packed_weights)
         target.compile(compile)

@@ -12,6 +12,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from .errors import BadInputError
+from .forward.weights import CHOICES as WEIGHTS  # imports no model library
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -62,6 +63,16 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         "one-token steps and prefills: faster on CPUs where oneDNN's product beats MKL's, "
         "for the weights' size in memory again; auto: for each kind of pass where it "
         "measures faster (default: auto for specd serve, off elsewhere)",
+    )
+    g.add_argument(
+        "--weights",
+        choices=WEIGHTS,
+        default="auto",
+        help="how the model's matrices are stored and read: native (a GGUF model's own "
+        "blocks, e.g. the default model's Q4_1), f32 (float weights: a GGUF model's "
+        "de-quantized copy), bf16 | q8 | q4 (quantized on load, weight-only, groups of 32), "
+        "or auto (default: native for a GGUF model on specd's CPU forward, else f32); "
+        "blocks need specd's CPU forward and compute in float32",
     )
     g.add_argument(
         "--trust-remote-code",
@@ -150,6 +161,7 @@ def build_engine(args: argparse.Namespace, **engine_options: Any) -> Engine:
         compile=getattr(args, "compile", "auto"),
         prefill_dtype=getattr(args, "prefill_dtype", None),
         packed_weights=getattr(args, "packed_weights", None) or "off",
+        weights=getattr(args, "weights", "auto"),
         drafter=args.drafter,
         verifier=args.verifier,
         exit_policy=args.exit_policy,

@@ -52,6 +52,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         compile=args.compile,
         prefill_dtype=args.prefill_dtype,
         packed_weights=args.packed_weights or "off",
+        weights=args.weights,
     )
     target = spec.load()
     draft_lm = spec.load_draft(args.draft_model, target) if any(c.assisted for c in cfgs) else None

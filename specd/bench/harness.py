@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from ..forward import cpu_kernels
+from ..forward import weights as stored
 from . import floor as floor_mod
 from . import prefix as prefix_mod
 from .configs import REFERENCES, Config
@@ -222,6 +223,7 @@ def machine_info(target) -> dict[str, Any]:
         "device": str(target.device),
         "dtype": str(target.dtype).removeprefix("torch."),
         "model": target.name,
+        "weights": stored.format_of(target.model),  # how the matrices are stored (--weights)
         "weight_bytes": target.weight_bytes(),
         "load_avg_start": _loadavg(),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

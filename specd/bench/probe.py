@@ -38,8 +38,11 @@ class TargetSpec:
     prefill_dtype: str | None = None
     #: ``--packed-weights``
     packed_weights: str = "off"
+    #: ``--weights``
+    weights: str = "auto"
 
     def load(self):
+        from ..forward import weights as stored
         from ..forward.models import load_target, parse_dtype
 
         target = load_target(
@@ -47,9 +50,11 @@ class TargetSpec:
             dtype=self.dtype,
             device=self.device,
             trust_remote_code=self.trust_remote_code,
+            weights=self.weights,
         )
-        if self.prefill_dtype:
-            target.set_prefill_dtype(parse_dtype(self.prefill_dtype))
+        prefill = parse_dtype(self.prefill_dtype) if self.prefill_dtype else None
+        stored.check_serving(target.model, prefill, self.packed_weights)
+        target.set_prefill_dtype(prefill)
         target.pack_weights(self.packed_weights)
         target.compile(self.compile)
         return target

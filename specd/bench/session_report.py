@@ -106,6 +106,7 @@ def _model_args(args: argparse.Namespace) -> list[str]:
         ("--device", args.device),
         ("--max-tokens", args.max_tokens),
         ("--packed-weights", args.packed_weights),
+        ("--weights", args.weights),
     ):
         if value is not None:
             out += [flag, str(value)]
@@ -210,6 +211,7 @@ def _machine(args: argparse.Namespace, load_start: list[float] | None) -> dict[s
         "platform": platform.platform(),
         "python": platform.python_version(),
         "model": args.model,
+        "weights": args.weights,
         "load_avg_start": load_start,
         "load_avg_end": _loadavg(),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
