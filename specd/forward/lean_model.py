@@ -6,8 +6,10 @@ Importing transformers and building its model costs seconds at every start; the 
 :func:`load` reads ``config.json``, memory-maps the weights and wraps them in
 :class:`LeanCausalLM`: the module tree of a Hugging Face Llama model (the same parameter
 names, the same ``get_decoder()`` parts), holding the weights and no forward of its own.
-Whatever needs a real transformers model (``generate`` in the bench's baselines) gets one
-sharing these weights from :func:`transformers_model`.
+Its matrices may be blocks instead (``--weights``, :mod:`.weights`): a GGUF file's as
+stored, or quantized on load. Whatever needs a real transformers model (``generate`` in the
+bench's baselines) gets one sharing these weights from :func:`transformers_model` (float32
+copies of the blocks: their state dict holds their values).
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..errors import ModelNotFoundError
+from ..errors import BadInputError, ModelNotFoundError
 from . import fastpath
+from . import weights as stored
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +70,25 @@ class GenerationDefaults:
         self.pad_token_id = values.get("pad_token_id")
 
 
-class Linear(nn.Module):
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+class _Weighted(nn.Module):
+    """A module whose ``weight`` may be blocks: its state dict holds their float32 values, so
+    whatever reads a model's tensors by name (a weights hash) sees the same matrices as from
+    the float copy."""
+
+    weight: Any
+
+    def _save_to_state_dict(self, destination: Any, prefix: str, keep_vars: bool) -> None:
+        if not isinstance(self.weight, torch.Tensor):
+            destination[prefix + "weight"] = self.weight.dequantize()
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+
+
+class Linear(_Weighted):
+    """``x @ weight.T + bias``; ``weight`` a parameter, or a block weight
+    (:class:`~specd.forward.blocks.BlockWeight`: a plain attribute, which ``F.linear``
+    dispatches to)."""
+
+    def __init__(self, weight: Any, bias: torch.Tensor | None) -> None:
         super().__init__()
         self.weight = _param(weight)
         self.bias = None if bias is None else _param(bias)
@@ -77,8 +97,8 @@ class Linear(nn.Module):
         return F.linear(x, self.weight, self.bias)
 
 
-class Embedding(nn.Module):
-    def __init__(self, weight: nn.Parameter) -> None:
+class Embedding(_Weighted):
+    def __init__(self, weight: Any) -> None:
         super().__init__()
         self.weight = weight
 
@@ -144,7 +164,7 @@ class DecoderLayer(nn.Module):
 
 
 class Decoder(nn.Module):
-    def __init__(self, w: dict[str, Any], cfg: LeanConfig, embed: nn.Parameter) -> None:
+    def __init__(self, w: dict[str, Any], cfg: LeanConfig, embed: Any) -> None:
         super().__init__()
         eps = float(cfg.rms_norm_eps)
         self.embed_tokens = Embedding(embed)
@@ -160,7 +180,7 @@ class LeanCausalLM(nn.Module):
     """A Llama-style causal LM's weights under transformers' names and module tree, for
     :class:`~specd.forward.fastpath.FastDecoder`; it runs no forward of its own."""
 
-    def __init__(self, w: dict[str, torch.Tensor], cfg: LeanConfig, source: Path) -> None:
+    def __init__(self, w: dict[str, Any], cfg: LeanConfig, source: Path) -> None:
         super().__init__()
         self.config = cfg
         self.source = source
@@ -174,6 +194,22 @@ class LeanCausalLM(nn.Module):
     def get_decoder(self) -> Decoder:
         return self.model
 
+    @property
+    def weight_format(self) -> str:
+        """How the matrices are stored (:func:`.weights.format_of`): ``f32``, ``q8_0``,
+        ``q4_1+q8_0``, ..."""
+        return stored.format_of(self)
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes stored by all weights, blocks as stored, tied weights once: what a step
+        reads of them."""
+        return stored.total_bytes(self, self.block_weights())
+
+    def block_weights(self) -> list[Any]:
+        """The matrices stored as blocks (no parameters of this module), each once."""
+        return [w for w in stored.matrices(self) if not isinstance(w, torch.Tensor)]
+
     def get_input_embeddings(self) -> Embedding:
         return self.model.embed_tokens
 
@@ -181,14 +217,57 @@ class LeanCausalLM(nn.Module):
         return self.lm_head
 
 
-def load(where: Path, dtype: torch.dtype) -> LeanCausalLM | None:
+def load(
+    where: Path,
+    dtype: torch.dtype,
+    *,
+    weights: str = "f32",
+    gguf: Path | None = None,
+) -> LeanCausalLM | None:
     """The model in ``where`` as a :class:`LeanCausalLM` on the CPU, or None (with the reason
-    logged) when the lean forward does not serve it or its weights are not safetensors."""
+    logged) when the lean forward does not serve it or its weights are not safetensors.
+
+    :param weights: how to store the matrices (:mod:`.weights`): ``f32`` (float tensors in
+        ``dtype``), ``bf16``/``q8``/``q4`` (quantized on load) or ``native`` (``gguf``'s
+        blocks as stored); anything but ``f32`` needs the lean forward, and a model it does
+        not serve is then a BadInputError.
+    :param gguf: read the tensors from this GGUF file instead of ``where``'s safetensors
+        (``where`` still gives the configuration and the generation defaults).
+    """
     cfg = read_config(where)
     why = unsupported(cfg, where)
     if why:
+        if weights != "f32":
+            raise BadInputError(
+                f"--weights {weights} needs specd's lean forward, which does not run {where}: "
+                f"{why}; use --weights f32"
+            )
         log.debug("loading %s with transformers: %s", where, why)
         return None
+    tensors = stored.read_gguf(gguf, cfg, where) if gguf is not None else _read_safetensors(where)
+    expected = expected_names(cfg, tensors)
+    if set(tensors) != expected:
+        extra = sorted(set(tensors) - expected)[:3]
+        missing = sorted(expected - set(tensors))[:3]
+        if gguf is not None or weights != "f32":
+            raise ModelNotFoundError(
+                f"{gguf or where} does not hold the tensors its config.json describes: "
+                f"names {extra} unexpected, {missing} missing"
+            )
+        log.debug(
+            "loading %s with transformers: names %s unexpected, %s missing", where, extra, missing
+        )
+        return None
+    if weights in stored.QUANTIZED:
+        tensors = stored.quantize(tensors, weights, str(where))
+    converted: dict[int, torch.Tensor] = {}
+    for key, t in tensors.items():
+        if isinstance(t, torch.Tensor) and t.dtype != dtype:
+            tensors[key] = converted.setdefault(t.data_ptr(), t.to(dtype))
+    return LeanCausalLM(tensors, cfg, where).eval()
+
+
+def _read_safetensors(where: Path) -> dict[str, torch.Tensor]:
     from safetensors import safe_open
 
     tensors: dict[str, torch.Tensor] = {}
@@ -196,19 +275,7 @@ def load(where: Path, dtype: torch.dtype) -> LeanCausalLM | None:
         with safe_open(str(file), framework="pt") as f:  # memory-mapped
             for key in f.keys():
                 tensors[key] = f.get_tensor(key)
-    expected = expected_names(cfg, tensors)
-    if set(tensors) != expected:
-        extra = sorted(set(tensors) - expected)[:3]
-        missing = sorted(expected - set(tensors))[:3]
-        log.debug(
-            "loading %s with transformers: names %s unexpected, %s missing", where, extra, missing
-        )
-        return None
-    converted: dict[int, torch.Tensor] = {}
-    for key, t in tensors.items():
-        if t.dtype != dtype:
-            tensors[key] = converted.setdefault(t.data_ptr(), t.to(dtype))
-    return LeanCausalLM(tensors, cfg, where).eval()
+    return tensors
 
 
 def read_config(where: Path) -> LeanConfig:
@@ -274,7 +341,8 @@ def expected_names(cfg: LeanConfig, present: dict[str, Any]) -> set[str]:
 
 def transformers_model(model: Any) -> Any:
     """``model`` as a transformers model: itself when it is one, else a transformers model of
-    the same checkpoint sharing a :class:`LeanCausalLM`'s weights (built once, on first use)."""
+    the same checkpoint sharing a :class:`LeanCausalLM`'s weights (built once, on first use;
+    weights stored as blocks are float32 copies of their values)."""
     if not isinstance(model, LeanCausalLM):
         return model
     built = model.__dict__.get("_transformers")
@@ -306,8 +374,11 @@ def transformers_model(model: Any) -> Any:
     return hf
 
 
-def _param(t: torch.Tensor) -> nn.Parameter:
-    return t if isinstance(t, nn.Parameter) else nn.Parameter(t, requires_grad=False)
+def _param(t: Any) -> Any:
+    """A tensor as a frozen parameter; a parameter or a block weight as it is."""
+    if isinstance(t, nn.Parameter) or not isinstance(t, torch.Tensor):
+        return t
+    return nn.Parameter(t, requires_grad=False)
 
 
 def _under(w: dict[str, Any], prefix: str) -> dict[str, Any]:

