@@ -198,7 +198,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--configs",
         default=None,
         help="comma-separated configurations (default: every applicable one); e.g. "
-        "hf-plain,hf-prompt-lookup-10,specd-plain,specd-ngram-adaptive-k8; "
+        "hf-plain,hf-prompt-lookup-10,specd-plain,specd-ngram-adaptive-k8; llama.cpp through "
+        "specd[llamacpp]: llamacpp-plain,llamacpp-lookup[-N]; "
         "hf-plain, hf-prompt-lookup and specd-plain always run; for the session workload: "
         "default,no-token-healing",
     )
