@@ -239,3 +239,80 @@ def test_thread_counts_that_split_unevenly_compute_the_same(build):
             assert kernel.compiled.served == 3 and kernel.compiled.ready
     finally:
         torch.set_num_threads(threads)
+
+
+def _steps_over(fast, fmt: str):
+    """The step kernel over ``fast``'s matrices (embedding and LM head too) stored as ``fmt``
+    blocks, and over the float32 values those blocks hold."""
+    from specd.forward import blocks
+    from specd.forward.decode_step import LAYER_WEIGHTS, DecodeStep
+
+    stored: dict[int, blocks.BlockWeight] = {}
+
+    def as_blocks(w):
+        return stored.setdefault(id(w), blocks.quantize(w, fmt))
+
+    def layers(convert):
+        return [
+            tuple(convert(w) if n.startswith("w") else w for n, w in zip(
+                LAYER_WEIGHTS, (getattr(L, n) for n in LAYER_WEIGHTS), strict=True))
+            for L in fast.layers
+        ]  # fmt: skip
+
+    sizes = dict(heads=fast.n_heads, kv_heads=fast.n_kv, head_dim=fast.head_dim, eps=fast.eps,
+                 scale=fast.scaling)  # fmt: skip
+    quantized = DecodeStep(layers(as_blocks), as_blocks(fast.embed), fast.norm,
+                           as_blocks(fast.lm_head), None, **sizes)  # fmt: skip
+
+    def values(w):
+        return as_blocks(w).dequantize()
+
+    floats = DecodeStep(layers(values), values(fast.embed), fast.norm, values(fast.lm_head),
+                        None, **sizes)  # fmt: skip
+    return quantized, floats
+
+
+@needs_kernel
+@pytest.mark.parametrize("fmt", ["q4_0", "q4_1", "q8_0", "bf16"])
+def test_weights_as_blocks_compute_what_their_float32_values_compute_bit_for_bit(build, fmt):
+    """A step over quantized blocks decodes each block exactly and sums in the float32
+    step's order: logits, hidden states and the keys and values written are equal bit for
+    bit, chains of 1-16 tokens over an empty and a filled cache."""
+    fast = Target(_wide3(), CharTokenizer(VOCAB)).fast
+    quantized, floats = _steps_over(fast, fmt)
+    gen = torch.Generator().manual_seed(3)
+    cap, d = 64, fast.head_dim
+    for past, t in ((0, 1), (0, 7), (20, 1), (20, 16), (40, 5)):
+        ids = torch.randint(0, VOCAB, (t,), generator=gen)
+        pos = torch.arange(past, past + t)[None]
+        cos, sin = fast.rotary_at(pos)
+        outs = []
+        for step in (quantized, floats):
+            g = torch.Generator().manual_seed(past)
+            buffers = [
+                tuple(torch.randn(1, fast.n_kv, cap, d, generator=g) for _ in range(2))
+                for _ in fast.layers
+            ]
+            logits, hidden = step(ids, cos[0, 0], sin[0, 0], buffers, past)
+            outs.append((logits, hidden, buffers))
+        (lq, hq, bq), (lf, hf, bf) = outs
+        assert torch.equal(lq, lf) and torch.equal(hq, hf), (past, t)
+        for (kq, vq), (kf, vf) in zip(bq, bf, strict=True):
+            assert torch.equal(kq, kf) and torch.equal(vq, vf)
+        assert not torch.equal(lq, torch.zeros_like(lq))
+
+
+@needs_kernel
+def test_a_norm_as_blocks_is_refused_naming_it():
+    from specd.forward import blocks
+    from specd.forward.decode_step import LAYER_WEIGHTS, DecodeStep
+
+    fast = Target(_wide3(), CharTokenizer(VOCAB)).fast
+    layers = [tuple(getattr(L, n) for n in LAYER_WEIGHTS) for L in fast.layers]
+    bad = list(layers[0])
+    bad[LAYER_WEIGHTS.index("ln1")] = blocks.quantize(fast.embed[:1].repeat(2, 1), "q8_0")
+    layers[0] = tuple(bad)
+    with pytest.raises(ValueError, match="layer 0 ln1"):
+        DecodeStep(layers, fast.embed, fast.norm, fast.lm_head, None, heads=fast.n_heads,
+                   kv_heads=fast.n_kv, head_dim=fast.head_dim, eps=fast.eps,
+                   scale=fast.scaling)  # fmt: skip

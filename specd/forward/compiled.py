@@ -99,10 +99,12 @@ class InductorStep:
     tokens. On a CPU only one-token steps (:attr:`max_tokens`)."""
 
     name = "inductor"
-    off = ""
 
     def __init__(self, fast: FastDecoder) -> None:
         self.fast = fast
+        #: weights as blocks: the compiler would trace their de-quantization, a float32
+        #: copy of every weight each step
+        self.off = "the weights are stored as blocks" if fast.quantized else ""
         self.device = fast.embed.device
         self.max_tokens = 1 if self.device.type == "cpu" else MAX_TOKENS
         self._compiled: Callable[..., PassOut] | None = None
@@ -156,7 +158,7 @@ class InductorStep:
         if buffers is None or self._compiled is None:
             return None
         block = new_block(t, past, mask, self.fast.embed)
-        cos, sin = self.fast.rotary_tables(self.fast.embed[None, :1], position_ids)
+        cos, sin = self.fast.rotary_at(position_ids)
         write = torch.arange(past, past + t, device=self.device)
         full = None
         if t > 1:

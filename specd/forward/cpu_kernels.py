@@ -261,11 +261,11 @@ def _open(lib: Path) -> _Library:
     fn.restype = None
     step = dll.specd_decode_step
     step.argtypes = [
-        ptr, i64, ptr,  # layer weights, layers, cache buffers
+        ptr, ptr, i64, ptr,  # layer weights, their formats, layers, cache buffers
         i64, i64, i64, i64, i64,  # hidden, intermediate, query heads, key/value heads, head size
         ctypes.c_float, ctypes.c_float,  # norm epsilon, attention scale
         ptr, ptr, ptr, i64, i64, ptr,  # embeddings, cos, sin, new tokens, cached, tree
-        ptr, ptr, ptr, i64,  # final norm, LM head, its bias, vocabulary
+        ptr, ptr, ctypes.c_int32, ptr, i64,  # final norm, LM head, its format, bias, vocabulary
         ptr, ptr, ptr, ctypes.c_int,  # logits, hidden, work, threads
     ]  # fmt: skip
     step.restype = None

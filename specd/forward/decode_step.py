@@ -11,10 +11,16 @@ import torch
 
 from ..kvcache import KVCache
 from . import cpu_kernels
+from .blocks import BlockWeight
 from .fastpath import FastDecoder
 
 #: The order of a layer's weights in :class:`DecodeStep` (biases may be None).
 LAYER_WEIGHTS = ("ln1", "wq", "bq", "wk", "bk", "wv", "bv", "wo", "bo", "ln2", "wg", "wu", "wd")
+
+
+#: A weight as the step takes it: float32, or blocks (:class:`~specd.forward.blocks.BlockWeight`)
+#: that the kernel decodes as it streams them.
+Weight = torch.Tensor | BlockWeight
 
 
 class DecodeStep:
@@ -22,17 +28,17 @@ class DecodeStep:
     KV cache) of a Llama-style decoder, the whole of it in one call (``specd/csrc/decode_step.cpp``).
 
     :param layers: each layer's weights in :data:`LAYER_WEIGHTS` order, as ``[out, in]``
-        matrices and vectors.
+        matrices (float32 or blocks) and float32 vectors.
     :param embed: ``[V, H]``; ``norm``: the final norm ``[H]``; ``lm_head``: ``[V, H]``.
     :raises ValueError: weights or sizes the kernel does not take, naming them.
     """
 
     def __init__(
         self,
-        layers: list[tuple[torch.Tensor | None, ...]],
-        embed: torch.Tensor,
+        layers: list[tuple[Weight | None, ...]],
+        embed: Weight,
         norm: torch.Tensor,
-        lm_head: torch.Tensor,
+        lm_head: Weight,
         lm_bias: torch.Tensor | None,
         *,
         heads: int,
@@ -62,30 +68,41 @@ class DecodeStep:
             "wg": (inter, hidden), "wu": (inter, hidden), "wd": (hidden, inter),
         }  # fmt: skip
         ptrs: list[int] = []
-        self._keep: list[torch.Tensor] = []
+        formats: list[int] = []
+        self._keep: list[Weight] = []
         for i, weights in enumerate(layers):
             for name, w in zip(LAYER_WEIGHTS, weights, strict=True):
                 if w is None and name.startswith("b"):
                     ptrs.append(0)
+                    formats.append(0)
                     continue
-                ptrs.append(self._checked(f"layer {i} {name}", w, expected[name]))
+                blocks = name.startswith("w")  # a matrix; norms and biases are float32
+                ptrs.append(self._checked(f"layer {i} {name}", w, expected[name], blocks))
+                formats.append(_format(w))
         v = lm_head.shape[0]
-        self._checked("embedding", embed, (embed.shape[0], hidden))
+        self._checked("embedding", embed, (embed.shape[0], hidden), blocks=True)
         self._embed_rows = embed
         self._norm = self._checked("final norm", norm, (hidden,))
-        self._lm = self._checked("LM head", lm_head, (v, hidden))
+        self._lm = self._checked("LM head", lm_head, (v, hidden), blocks=True)
+        self._lm_format = _format(lm_head)
         self._lm_b = self._checked("LM head bias", lm_bias, (v,)) if lm_bias is not None else 0
         self._table = torch.tensor(ptrs, dtype=torch.int64)
+        self._formats = torch.tensor(formats, dtype=torch.int32)
         self.layers, self.hidden, self.inter, self.vocab = len(layers), hidden, inter, v
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
         self.eps, self.scale = eps, scale
         self._rows = embed.shape[0]
 
-    def _checked(self, name: str, w: torch.Tensor | None, shape: tuple[int, ...]) -> int:
+    def _checked(
+        self, name: str, w: Weight | None, shape: tuple[int, ...], blocks: bool = False
+    ) -> int:
         if w is None or tuple(w.shape) != shape:
             got = "none" if w is None else tuple(w.shape)
             raise ValueError(f"decode step kernel: {name} is {got}, expected {shape}")
-        if w.dtype != torch.float32 or w.device.type != "cpu" or not w.is_contiguous():
+        if isinstance(w, BlockWeight):
+            if not blocks:
+                raise ValueError(f"decode step kernel: {name} must be float32, not blocks")
+        elif w.dtype != torch.float32 or w.device.type != "cpu" or not w.is_contiguous():
             raise ValueError(f"decode step kernel: {name} must be contiguous float32 on CPU")
         self._keep.append(w)
         return w.data_ptr()
@@ -145,7 +162,7 @@ class DecodeStep:
                     )
             cache += [k.data_ptr(), v.data_ptr(), k.stride(1), v.stride(1)]
         table = torch.tensor(cache, dtype=torch.int64)
-        x = self._embed_rows[ids]  # [T, H]
+        x = self._embed_rows[ids].contiguous()  # [T, H] float32 (blocks decode those rows)
         threads = torch.get_num_threads()
         step = cpu_kernels.step_function()
         sizes = (self.hidden, self.inter, self.heads, self.kv_heads, d)
@@ -153,13 +170,18 @@ class DecodeStep:
         logits = torch.empty(t, self.vocab, dtype=torch.float32)
         hidden = torch.empty(t, self.hidden, dtype=torch.float32)
         step(
-            self._table.data_ptr(), self.layers, table.data_ptr(), *sizes, self.eps, self.scale,
-            x.data_ptr(), cos.data_ptr(), sin.data_ptr(), t, past,
+            self._table.data_ptr(), self._formats.data_ptr(), self.layers, table.data_ptr(),
+            *sizes, self.eps, self.scale, x.data_ptr(), cos.data_ptr(), sin.data_ptr(), t, past,
             tree.data_ptr() if tree is not None else None,
-            self._norm, self._lm, self._lm_b or None, self.vocab,
+            self._norm, self._lm, self._lm_format, self._lm_b or None, self.vocab,
             logits.data_ptr(), hidden.data_ptr(), work.data_ptr(), threads,
         )  # fmt: skip
         return logits, hidden
+
+
+def _format(w: Weight) -> int:
+    """The kernel's code of ``w``'s storage (``Format`` in ``csrc/decode_step.cpp``)."""
+    return w.fmt.code if isinstance(w, BlockWeight) else 0
 
 
 def for_decoder(fast: FastDecoder) -> DecodeStep:
@@ -219,5 +241,5 @@ def run(
     buffers = cache.buffers(past + t)
     if buffers is None:
         return None
-    cos, sin = fast.rotary_tables(fast.embed[None, :1], position_ids)
+    cos, sin = fast.rotary_at(position_ids)
     return step(ids[0], cos, sin, buffers, past, tree)

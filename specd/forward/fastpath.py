@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from ..kvcache import KVCache
 from . import cpu_kernels, products
+from .blocks import BlockWeight
 
 log = logging.getLogger(__name__)
 
@@ -90,9 +91,14 @@ class FastDecoder:
         cfg = model.config
         copies: dict[int, torch.Tensor] = {}
 
-        def w(t: torch.Tensor | None) -> Any:
+        def w(t: torch.Tensor | BlockWeight | None) -> Any:
             if t is None or dtype is None or t.dtype == dtype:
                 return t
+            if isinstance(t, BlockWeight):
+                raise ValueError(
+                    f"a model stored as {t.fmt.name} blocks runs in float32; it cannot run "
+                    f"in {dtype}"
+                )
             if t.data_ptr() not in copies:  # tied weights: one copy
                 copies[t.data_ptr()] = t.detach().to(dtype)
             return copies[t.data_ptr()]
@@ -131,9 +137,19 @@ class FastDecoder:
                     wd=w(m.down_proj.weight),
                 )
             )
+        #: Whether weights are stored as blocks (:mod:`.blocks`): the step kernel reads them
+        #: as they are; any other product de-quantizes the weight it multiplies.
+        self.quantized = any(
+            isinstance(m, BlockWeight)
+            for m in [self.embed, self.lm_head, *(x for L in self.layers for x in vars(L).values())]
+        )
         # Which matrix product streams weights fastest depends on the CPU, its threads and
         # the dtype: measured here, once.
-        self._cpu32 = self.embed.device.type == "cpu" and self.embed.dtype == torch.float32
+        self._cpu32 = (
+            self.embed.device.type == "cpu"
+            and self.embed.dtype == torch.float32
+            and not self.quantized
+        )
         mlp = [m for L in self.layers for m in (L.wg, L.wu, L.wd)]
         key = (tuple(tuple(m.shape) for m in mlp), torch.get_num_threads())
         if self._cpu32 and key not in _WEIGHT_MAJOR:
@@ -285,7 +301,7 @@ class FastDecoder:
             q, k, v = self.qkv(L, h, cos, sin)
             keys, values = cache.layer(i).update(k, v)  # [1, KV, S, D]
             if cache_only and i == len(run) - 1:
-                return self.lm_head.new_empty(0, self.lm_head.shape[0]), None
+                return h.new_empty(0, self.lm_head.shape[0]), None
             if kernel:
                 k32, v32 = keys.to(q.dtype), values.to(q.dtype)
                 o = cpu_kernels.attention(q, k32, v32, self.scaling, tree)
@@ -390,9 +406,14 @@ class FastDecoder:
         return None if any(p is None for p in packed) else packed  # type: ignore[return-value]
 
     def rotary_tables(self, h: torch.Tensor, position_ids: torch.Tensor):
-        """cos and sin ``[1, 1, T, D]`` for ``position_ids`` ``[1, T]``."""
+        """cos and sin ``[1, 1, T, D]`` for ``position_ids`` ``[1, T]``, in ``h``'s dtype."""
         cos, sin = self.rotary(h, position_ids)  # [1, T, D]
         return cos.unsqueeze(1), sin.unsqueeze(1)
+
+    def rotary_at(self, position_ids: torch.Tensor):
+        """:meth:`rotary_tables` in the activations' dtype, on the weights' device."""
+        like = torch.empty(1, 1, 0, dtype=self.embed.dtype, device=self.embed.device)
+        return self.rotary_tables(like, position_ids)
 
     def _lm_head(self, x: torch.Tensor) -> torch.Tensor:
         """Logits ``[T, V]`` from final hidden states ``[T, H]``."""

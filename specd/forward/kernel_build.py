@@ -35,8 +35,10 @@ HEADERS = (CSRC / "vec.h",)
 ISAS = ("avx512", "avx2", "neon", "scalar")
 #: Each instruction set's compiler flags (NEON needs none on ARM64).
 ISA_FLAGS = {
-    "avx512": ("-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mfma"),
-    "avx2": ("-mavx2", "-mfma"),
+    # F16C (half to float in one instruction: a quantized block's scales) is on every CPU
+    # with AVX2 (Intel since 2012, AMD since 2012) and AVX-512
+    "avx512": ("-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mfma", "-mf16c"),
+    "avx2": ("-mavx2", "-mfma", "-mf16c"),
     "neon": (),
     "scalar": (),
 }

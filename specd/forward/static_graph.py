@@ -48,7 +48,7 @@ class StaticGraph:
         # Before the first replay, writes go to the buffer's last slots, never live ones.
         self.write = torch.arange(cap - bucket, cap, device=dev)
         self.mask = torch.zeros((1, 1, bucket, cap), dtype=fast.embed.dtype, device=dev)
-        self.cos, self.sin = fast.rotary_tables(fast.embed[None, :1], self.pos)
+        self.cos, self.sin = fast.rotary_at(self.pos)
         self._fast = fast
 
         def run() -> PassOut:
@@ -76,7 +76,7 @@ class StaticGraph:
         self.ids[:, :t] = ids
         self.pos.copy_(position_ids[:, -1:].expand(1, b))
         self.pos[:, :t] = position_ids
-        cos, sin = self._fast.rotary_tables(self._fast.embed[None, :1], self.pos)
+        cos, sin = self._fast.rotary_at(self.pos)
         self.cos.copy_(cos)
         self.sin.copy_(sin)
         self.write.copy_(torch.arange(past, past + b, device=self.write.device))

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from ..errors import BadInputError
 from ..kvcache import KVCache
 from . import fastpath, lean_model, pricing, products
+from .blocks import BlockWeight
 from .compiled import CompiledStep, choose
 from .fastpath import FastDecoder
 from .pricing import PassCosts
@@ -196,15 +197,14 @@ class Target:
         return costs
 
     def weight_bytes(self) -> int:
-        """Bytes of parameters read by one forward step (tied weights counted once)."""
-        seen: set[int] = set()
-        total = 0
-        for p in self.model.parameters():
-            if p.data_ptr() in seen:
-                continue
-            seen.add(p.data_ptr())
-            total += p.numel() * p.element_size()
-        return total
+        """Bytes of weights read by one forward step as they are stored: the parameters and
+        the weights kept as blocks (:mod:`.blocks`), tied weights counted once."""
+        stored = {p.data_ptr(): p.numel() * p.element_size() for p in self.model.parameters()}
+        for module in self.model.modules():
+            for value in vars(module).values():
+                if isinstance(value, BlockWeight):
+                    stored[value.data_ptr()] = value.nbytes
+        return sum(stored.values())
 
     @torch.inference_mode()
     def prefill(

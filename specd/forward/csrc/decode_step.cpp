@@ -1,5 +1,6 @@
-// A decode or verify step of a Llama-style decoder (a few new tokens over a KV cache),
-// float32, written once over vec.h's 16-float vectors and built per instruction set
+// A decode or verify step of a Llama-style decoder (a few new tokens over a KV cache), in
+// float32 over weights stored as float32, bfloat16 or GGUF's Q4_0, Q4_1 and Q8_0 blocks
+// (decoded in registers as they stream in), written once over vec.h's 16-float vectors and built per instruction set
 // (specd/forward/cpu_kernels.py builds and loads it).
 //
 // A step of a few tokens reads every weight once and does little else, so it runs at the
@@ -38,27 +39,91 @@ enum { LN1, WQ, BQ, WK, BK, WV, BV, WO, BO, LN2, WG, WU, WD, PER_LAYER };
 
 constexpr int64_t MAX_T = 16;  // new tokens a step takes
 
-// y[i * ldy + r] = W[r] . x[i * ldx ..] for rows r in [r0, r0 + R) and NT tokens i.
-template <int R, int NT>
-inline void block(const float* W, int64_t K, const float* x, int64_t ldx, int64_t r0, float* y,
+// How a weight matrix is stored (the codes specd/forward/blocks.py gives its formats): rows
+// of K floats, or rows of K / 32 blocks of 32 values each, as GGUF files keep them. Each
+// format decodes a block into floats exactly (the value a float32 copy of the weight holds),
+// so a product sums the same terms in the same order whatever the storage, and a quantized
+// step equals the float32 step on the de-quantized weights bit for bit.
+enum Format { F32 = 0, Q4_0 = 1, Q4_1 = 2, Q8_0 = 3, BF16 = 4 };
+
+struct F32Rows {  // 16 floats a block
+    static constexpr int N = 16, V = 1;
+    static int64_t row_bytes(int64_t K) { return K * 4; }
+    static void decode(const uint8_t* blk, V16* w) { w[0] = vload((const float*)blk); }
+    static constexpr int64_t BYTES = 64;
+};
+struct Q4_0Rows {  // half d, 16 bytes of nibbles q: d * (q - 8)
+    static constexpr int N = 32, V = 2;
+    static constexpr int64_t BYTES = 18;
+    static int64_t row_bytes(int64_t K) { return K / N * BYTES; }
+    static void decode(const uint8_t* blk, V16* w) {
+        uint16_t h;
+        memcpy(&h, blk, 2);
+        const V16 d = vset1(half_to_float(h)), eight = vset1(8.0f);
+        vload_u4(blk + 2, &w[0], &w[1]);
+        w[0] = vmul(d, vsub(w[0], eight));
+        w[1] = vmul(d, vsub(w[1], eight));
+    }
+};
+struct Q4_1Rows {  // half d, half m, 16 bytes of nibbles q: d * q + m
+    static constexpr int N = 32, V = 2;
+    static constexpr int64_t BYTES = 20;
+    static int64_t row_bytes(int64_t K) { return K / N * BYTES; }
+    static void decode(const uint8_t* blk, V16* w) {
+        uint16_t h[2];
+        memcpy(h, blk, 4);
+        const V16 d = vset1(half_to_float(h[0])), m = vset1(half_to_float(h[1]));
+        vload_u4(blk + 4, &w[0], &w[1]);
+        w[0] = vfma(d, w[0], m);  // d * q is exact: one rounding, as d * q + m
+        w[1] = vfma(d, w[1], m);
+    }
+};
+struct Q8_0Rows {  // half d, 32 signed bytes q: d * q
+    static constexpr int N = 32, V = 2;
+    static constexpr int64_t BYTES = 34;
+    static int64_t row_bytes(int64_t K) { return K / N * BYTES; }
+    static void decode(const uint8_t* blk, V16* w) {
+        uint16_t h;
+        memcpy(&h, blk, 2);
+        const V16 d = vset1(half_to_float(h));
+        w[0] = vmul(d, vload_i8((const int8_t*)blk + 2));
+        w[1] = vmul(d, vload_i8((const int8_t*)blk + 18));
+    }
+};
+struct BF16Rows {  // 32 bfloat16 values
+    static constexpr int N = 32, V = 2;
+    static constexpr int64_t BYTES = 64;
+    static int64_t row_bytes(int64_t K) { return K * 2; }
+    static void decode(const uint8_t* blk, V16* w) {
+        w[0] = vload_bf16((const uint16_t*)blk);
+        w[1] = vload_bf16((const uint16_t*)blk + 16);
+    }
+};
+
+// y[i * ldy + r] = W[r] . x[i * ldx ..] for rows r in [r0, r0 + R) and NT tokens i: each
+// block of the R rows decoded once, multiplied with every token while in registers.
+template <class F, int R, int NT>
+inline void block(const uint8_t* W, int64_t K, const float* x, int64_t ldx, int64_t r0, float* y,
                   int64_t ldy) {
+    const int64_t rb = F::row_bytes(K);
     V16 acc[R][NT];
     for (int a = 0; a < R; a++)
         for (int i = 0; i < NT; i++) acc[a][i] = vzero();
-    const float* w = W + r0 * K;
-    for (int64_t k = 0; k < K; k += 16) {
-        V16 wv[R];
+    const uint8_t* w = W + r0 * rb;
+    for (int64_t b = 0, k = 0; k < K; b++, k += F::N) {
+        V16 wv[R][F::V];
         for (int a = 0; a < R; a++) {
-            wv[a] = vload(w + a * K + k);
+            F::decode(w + a * rb + b * F::BYTES, wv[a]);
             // the next block of rows, on its way while this one computes (a prefetch never
             // faults, past the weight's end included): 1.2-1.7x the streaming speed of
             // the hardware's prefetcher alone, most with several tokens
-            specd::prefetch(w + (R + a) * K + k);
+            specd::prefetch(w + (R + a) * rb + b * F::BYTES);
         }
-        for (int i = 0; i < NT; i++) {
-            const V16 xv = vload(x + i * ldx + k);
-            for (int a = 0; a < R; a++) acc[a][i] = vfma(wv[a], xv, acc[a][i]);
-        }
+        for (int i = 0; i < NT; i++)
+            for (int v = 0; v < F::V; v++) {
+                const V16 xv = vload(x + i * ldx + k + 16 * v);
+                for (int a = 0; a < R; a++) acc[a][i] = vfma(wv[a][v], xv, acc[a][i]);
+            }
     }
     for (int a = 0; a < R; a++)
         for (int i = 0; i < NT; i++) y[i * ldy + r0 + a] = vhsum(acc[a][i]);
@@ -66,25 +131,45 @@ inline void block(const float* W, int64_t K, const float* x, int64_t ldx, int64_
 
 // NT tokens at a time (the rows' block stays in L1 between the groups), the last few with
 // a smaller block.
-template <int R, int NT = STEP_TOKENS>
-inline void block_tokens(const float* W, int64_t K, const float* x, int64_t ldx, int64_t T,
+template <class F, int R, int NT = STEP_TOKENS>
+inline void block_tokens(const uint8_t* W, int64_t K, const float* x, int64_t ldx, int64_t T,
                          int64_t r0, float* y, int64_t ldy) {
     int64_t i = 0;
-    for (; i + NT <= T; i += NT) block<R, NT>(W, K, x + i * ldx, ldx, r0, y + i * ldy, ldy);
+    for (; i + NT <= T; i += NT) block<F, R, NT>(W, K, x + i * ldx, ldx, r0, y + i * ldy, ldy);
     if constexpr (NT > 1)
-        if (i < T) block_tokens<R, NT - 1>(W, K, x + i * ldx, ldx, T - i, r0, y + i * ldy, ldy);
+        if (i < T) block_tokens<F, R, NT - 1>(W, K, x + i * ldx, ldx, T - i, r0, y + i * ldy, ldy);
 }
 
-// y[i * ldy + r] = W[r] . x[i * ldx ..] (+ b[r]) for rows [r0, r1) of W [*, K] and tokens
-// i < T; K a multiple of 16.
-inline void rows(const float* W, const float* b, int64_t K, const float* x, int64_t ldx,
-                 int64_t T, int64_t r0, int64_t r1, float* y, int64_t ldy) {
+template <class F>
+inline void rows_of(const uint8_t* W, int64_t K, const float* x, int64_t ldx, int64_t T,
+                    int64_t r0, int64_t r1, float* y, int64_t ldy) {
     int64_t r = r0;
-    for (; r + STEP_ROWS <= r1; r += STEP_ROWS) block_tokens<STEP_ROWS>(W, K, x, ldx, T, r, y, ldy);
-    for (; r < r1; r++) block_tokens<1>(W, K, x, ldx, T, r, y, ldy);
+    for (; r + STEP_ROWS <= r1; r += STEP_ROWS)
+        block_tokens<F, STEP_ROWS>(W, K, x, ldx, T, r, y, ldy);
+    for (; r < r1; r++) block_tokens<F, 1>(W, K, x, ldx, T, r, y, ldy);
+}
+
+// A weight matrix: its storage and where it starts.
+struct Weight {
+    const void* p;
+    int32_t format;
+};
+
+// y[i * ldy + r] = W[r] . x[i * ldx ..] (+ b[r]) for rows [r0, r1) of W [*, K] and tokens
+// i < T; K a multiple of 16 (of 32 for a block format).
+inline void rows(Weight W, const float* b, int64_t K, const float* x, int64_t ldx, int64_t T,
+                 int64_t r0, int64_t r1, float* y, int64_t ldy) {
+    const uint8_t* p = (const uint8_t*)W.p;
+    switch (W.format) {
+        case Q4_0: rows_of<Q4_0Rows>(p, K, x, ldx, T, r0, r1, y, ldy); break;
+        case Q4_1: rows_of<Q4_1Rows>(p, K, x, ldx, T, r0, r1, y, ldy); break;
+        case Q8_0: rows_of<Q8_0Rows>(p, K, x, ldx, T, r0, r1, y, ldy); break;
+        case BF16: rows_of<BF16Rows>(p, K, x, ldx, T, r0, r1, y, ldy); break;
+        default: rows_of<F32Rows>(p, K, x, ldx, T, r0, r1, y, ldy); break;
+    }
     if (b != nullptr)
         for (int64_t i = 0; i < T; i++)
-            for (r = r0; r < r1; r++) y[i * ldy + r] += b[r];
+            for (int64_t r = r0; r < r1; r++) y[i * ldy + r] += b[r];
 }
 
 // This thread's share [lo, hi) of n rows.
@@ -302,21 +387,22 @@ int64_t specd_decode_step_work(int64_t H, int64_t I, int64_t Hq, int64_t KV, int
     return l.shared + threads * l.own;
 }
 
-// layers: L * PER_LAYER weight pointers (see the enum); caches: L * 4 values, the key and
+// layers: L * PER_LAYER weight pointers (see the enum), formats: the Format of each (a norm's
+// or a bias's is F32); caches: L * 4 values, the key and
 // value buffers of the layer ([KV, capacity, D], rows of D contiguous) and the distance
 // between their heads, in floats. x: the new tokens' embeddings [T, H]; cos, sin: [T, D]
 // at their positions; past: positions already cached (the new tokens' keys and values go
 // to positions past .. past + T - 1); tree: [T, T] bytes, nonzero where new token i sees
-// new token j, or null for a chain. norm: the final norm's weight; lm [V, H], lm_b [V] or
-// null. Writes logits [T, V] and hidden [T, H] (the final norm's output). work:
-// specd_decode_step_work floats. Sizes H, I, D multiples of 16; Hq a multiple of KV;
-// 1 <= T <= MAX_T.
-void specd_decode_step(const float* const* layers, int64_t L, const int64_t* caches, int64_t H,
-                       int64_t I, int64_t Hq, int64_t KV, int64_t D, float eps, float scale,
-                       const float* x, const float* cos, const float* sin, int64_t T,
-                       int64_t past, const uint8_t* tree, const float* norm, const float* lm,
-                       const float* lm_b, int64_t V, float* logits, float* hidden, float* work,
-                       int threads) {
+// new token j, or null for a chain. norm: the final norm's weight; lm [V, H] stored as
+// lm_format, lm_b [V] or null. Writes logits [T, V] and hidden [T, H] (the final norm's output). work:
+// specd_decode_step_work floats. Sizes H, I, D multiples of 16 (of 32 where a product's
+// input runs along blocks); Hq a multiple of KV; 1 <= T <= MAX_T.
+void specd_decode_step(const void* const* layers, const int32_t* formats, int64_t L,
+                       const int64_t* caches, int64_t H, int64_t I, int64_t Hq, int64_t KV,
+                       int64_t D, float eps, float scale, const float* x, const float* cos,
+                       const float* sin, int64_t T, int64_t past, const uint8_t* tree,
+                       const float* norm, const void* lm, int32_t lm_format, const float* lm_b,
+                       int64_t V, float* logits, float* hidden, float* work, int threads) {
     const int64_t QD = Hq * D, KD = KV * D, rep = Hq / KV, QKV = QD + 2 * KD;
     const Layout lay = layout(H, I, Hq, KV, D, T, past, threads);
     float* h = work;  // the residual stream [T, H]
@@ -340,21 +426,24 @@ void specd_decode_step(const float* const* layers, int64_t L, const int64_t* cac
         float* mine = part + t * T * Hq * (D + 2);
         int64_t lo, hi;
         for (int64_t layer = 0; layer < L; layer++) {
-            const float* const* w = layers + layer * PER_LAYER;
+            const void* const* w = layers + layer * PER_LAYER;
+            const int32_t* f = formats + layer * PER_LAYER;
+            auto vec = [&](int i) { return (const float*)w[i]; };  // a norm or a bias
+            auto mat = [&](int i) { return Weight{w[i], f[i]}; };
             float* kc = (float*)caches[layer * 4];
             float* vc = (float*)caches[layer * 4 + 1];
             const int64_t kh = caches[layer * 4 + 2], vh = caches[layer * 4 + 3];
-            for (int64_t i = 0; i < T; i++) rmsnorm(h + i * H, w[LN1], H, eps, xn + i * H);
+            for (int64_t i = 0; i < T; i++) rmsnorm(h + i * H, vec(LN1), H, eps, xn + i * H);
             // q, k and v as one run of QKV rows, shared out
             share(QKV, t, nt, &lo, &hi);
-            if (lo < QD) rows(w[WQ], w[BQ], H, xn, H, T, lo, hi < QD ? hi : QD, qkv, QKV);
+            if (lo < QD) rows(mat(WQ), vec(BQ), H, xn, H, T, lo, hi < QD ? hi : QD, qkv, QKV);
             if (hi > QD && lo < QD + KD) {
                 const int64_t a = lo > QD ? lo - QD : 0, b = hi < QD + KD ? hi - QD : KD;
-                rows(w[WK], w[BK], H, xn, H, T, a, b, qkv + QD, QKV);
+                rows(mat(WK), vec(BK), H, xn, H, T, a, b, qkv + QD, QKV);
             }
             if (hi > QD + KD) {
                 const int64_t a = lo > QD + KD ? lo - QD - KD : 0, b = hi - QD - KD;
-                rows(w[WV], w[BV], H, xn, H, T, a, b, qkv + QD + KD, QKV);
+                rows(mat(WV), vec(BV), H, xn, H, T, a, b, qkv + QD + KD, QKV);
             }
 #pragma omp barrier
             for (int64_t i = 0; i < T; i++) {
@@ -399,18 +488,18 @@ void specd_decode_step(const float* const* layers, int64_t L, const int64_t* cac
                 for (int64_t d = 0; d < D; d++) out[d] *= inv;
             }
             share(H, t, nt, &lo, &hi);
-            rows(w[WO], w[BO], QD, o, QD, T, lo, hi, mid, H);
+            rows(mat(WO), vec(BO), QD, o, QD, T, lo, hi, mid, H);
             for (int64_t i = 0; i < T; i++)
                 for (int64_t r = lo; r < hi; r++) mid[i * H + r] += h[i * H + r];
 #pragma omp barrier
-            for (int64_t i = 0; i < T; i++) rmsnorm(mid + i * H, w[LN2], H, eps, xn + i * H);
+            for (int64_t i = 0; i < T; i++) rmsnorm(mid + i * H, vec(LN2), H, eps, xn + i * H);
             share(I, t, nt, &lo, &hi);
-            rows(w[WG], nullptr, H, xn, H, T, lo, hi, gate, I);
-            rows(w[WU], nullptr, H, xn, H, T, lo, hi, up, I);
+            rows(mat(WG), nullptr, H, xn, H, T, lo, hi, gate, I);
+            rows(mat(WU), nullptr, H, xn, H, T, lo, hi, up, I);
             for (int64_t i = 0; i < T; i++) silu_mul(gate + i * I, up + i * I, lo, hi, act + i * I);
 #pragma omp barrier
             share(H, t, nt, &lo, &hi);
-            rows(w[WD], nullptr, I, act, I, T, lo, hi, h, H);
+            rows(mat(WD), nullptr, I, act, I, T, lo, hi, h, H);
             for (int64_t i = 0; i < T; i++)
                 for (int64_t r = lo; r < hi; r++) h[i * H + r] += mid[i * H + r];
 #pragma omp barrier
@@ -418,7 +507,7 @@ void specd_decode_step(const float* const* layers, int64_t L, const int64_t* cac
         for (int64_t i = 0; i < T; i++) rmsnorm(h + i * H, norm, H, eps, xn + i * H);
         if (t == 0) memcpy(hidden, xn, T * H * sizeof(float));
         share(V, t, nt, &lo, &hi);
-        rows(lm, lm_b, H, xn, H, T, lo, hi, logits, V);
+        rows(Weight{lm, lm_format}, lm_b, H, xn, H, T, lo, hi, logits, V);
     }
 }
 

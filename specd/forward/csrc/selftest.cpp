@@ -2,8 +2,9 @@
 // scalar reference in double precision: the step kernel (decode_step.cpp) over a tiny
 // Llama-shaped stack of layers with random weights, chains and trees of 1 to 16 new tokens
 // over caches of several lengths, with and without biases, 16- and 64-wide heads, one to
-// three threads; and the attention kernel (attention.cpp) at shapes that cross its blocks
-// of 64 queries and keys, chains and trees.
+// three threads; the same step over weights stored as Q4_0, Q4_1, Q8_0 and BF16 blocks
+// against its run over their float32 values (equal bit for bit); and the attention kernel
+// (attention.cpp) at shapes that cross its blocks of 64 queries and keys, chains and trees.
 //
 // Built together with the kernels (scripts/check_kernels.sh ISA), run natively or under an
 // emulator. Prints the largest error of each part relative to the largest magnitude of the
@@ -25,12 +26,12 @@ const char* specd_kernel_isa();
 int64_t specd_decode_step_max_tokens();
 int64_t specd_decode_step_work(int64_t H, int64_t I, int64_t Hq, int64_t KV, int64_t D, int64_t T,
                                int64_t past, int threads);
-void specd_decode_step(const float* const* layers, int64_t L, const int64_t* caches, int64_t H,
-                       int64_t I, int64_t Hq, int64_t KV, int64_t D, float eps, float scale,
-                       const float* x, const float* cos, const float* sin, int64_t T,
-                       int64_t past, const uint8_t* tree, const float* norm, const float* lm,
-                       const float* lm_b, int64_t V, float* logits, float* hidden, float* work,
-                       int threads);
+void specd_decode_step(const void* const* layers, const int32_t* formats, int64_t L,
+                       const int64_t* caches, int64_t H, int64_t I, int64_t Hq, int64_t KV,
+                       int64_t D, float eps, float scale, const float* x, const float* cos,
+                       const float* sin, int64_t T, int64_t past, const uint8_t* tree,
+                       const float* norm, const void* lm, int32_t lm_format, const float* lm_b,
+                       int64_t V, float* logits, float* hidden, float* work, int threads);
 int specd_attention_head_dim();
 void specd_attention(const float* q, int64_t q_h, int64_t q_t, const float* k, int64_t k_h,
                      int64_t k_s, const float* v, int64_t v_h, int64_t v_s, float* out,
@@ -222,9 +223,10 @@ void reference_step(const Model& m, const Vec& x, const Vec& cos, const Vec& sin
 double check_step(const Model& m, int* passes) {
     const int64_t cap = 160, D = m.D, H = m.H;
     const float eps = 1e-5f, scale = 1.0f / sqrtf((float)D);
-    std::vector<const float*> table;
+    std::vector<const void*> table;
     for (int64_t l = 0; l < m.L; l++)
         for (int n = 0; n < PER_LAYER; n++) table.push_back(ptr(m.w[l * PER_LAYER + n]));
+    const std::vector<int32_t> formats(table.size(), 0);
     double worst = 0.0;
     for (int64_t past : {0, 5, 37, 100}) {
         // a cache of `past` random positions, the same for the kernel and the reference
@@ -256,10 +258,10 @@ double check_step(const Model& m, int* passes) {
                 const int threads = 1 + (int)((T + past) % 3);
                 Vec work(specd_decode_step_work(H, m.I, m.Hq, m.KV, D, T, past, threads));
                 Vec logits(T * m.V), hidden(T * H);
-                specd_decode_step(table.data(), m.L, caches.data(), H, m.I, m.Hq, m.KV, D, eps,
-                                  scale, x.data(), cos.data(), sin.data(), T, past, tp,
-                                  m.norm.data(), m.lm.data(), ptr(m.lm_b), m.V, logits.data(),
-                                  hidden.data(), work.data(), threads);
+                specd_decode_step(table.data(), formats.data(), m.L, caches.data(), H, m.I, m.Hq,
+                                  m.KV, D, eps, scale, x.data(), cos.data(), sin.data(), T, past,
+                                  tp, m.norm.data(), m.lm.data(), 0, ptr(m.lm_b), m.V,
+                                  logits.data(), hidden.data(), work.data(), threads);
                 std::vector<double> want_logits, want_hidden;
                 reference_step(m, x, cos, sin, T, past, tp, cap, rk, rv, want_logits, want_hidden);
                 std::vector<double> want_k(rk.begin(), rk.end()), want_v(rv.begin(), rv.end());
@@ -275,6 +277,127 @@ double check_step(const Model& m, int* passes) {
         }
     }
     return worst;
+}
+
+// Weights stored as blocks (decode_step.cpp's Format): random blocks of each format, their
+// values decoded here independently of the kernel (a half's value from its fields).
+enum { F32 = 0, Q4_0 = 1, Q4_1 = 2, Q8_0 = 3, BF16 = 4 };
+const int64_t BLOCK_BYTES[] = {0, 18, 20, 34, 64};
+
+double half_value(uint16_t h) {
+    const int e = (h >> 10) & 31, m = h & 1023;
+    const double v = e == 0 ? ldexp((double)m, -24) : ldexp(1.0 + m / 1024.0, e - 15);
+    return h & 0x8000 ? -v : v;
+}
+
+// A random half of magnitude in [2^lo, 2^hi), either sign.
+uint16_t random_half(int lo, int hi) {
+    const uint32_t e = (uint32_t)(lo + 15 + (int)(rng() % (uint32_t)(hi - lo)));
+    return (uint16_t)(((rng() & 1u) << 15) | (e << 10) | (rng() & 1023u));
+}
+
+// rows x K values of format f: the blocks (into `bytes`) and their values (returned).
+Vec random_blocks(int f, int64_t rows, int64_t K, std::vector<uint8_t>* bytes) {
+    const int64_t nb = K / 32;
+    bytes->assign(rows * nb * BLOCK_BYTES[f], 0);
+    Vec values(rows * K);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t* blk = bytes->data() + (r * nb + b) * BLOCK_BYTES[f];
+            float* out = &values[r * K + b * 32];
+            if (f == BF16) {
+                for (int j = 0; j < 32; j++) {
+                    const uint16_t h = (uint16_t)(((rng() & 1u) << 15) | ((118u + rng() % 8u) << 7) | (rng() & 127u));
+                    memcpy(blk + 2 * j, &h, 2);
+                    const uint32_t bits = (uint32_t)h << 16;
+                    memcpy(&out[j], &bits, 4);
+                }
+                continue;
+            }
+            const uint16_t d = random_half(-9, -5), mn = random_half(-6, -3);
+            memcpy(blk, &d, 2);
+            if (f == Q4_1) memcpy(blk + 2, &mn, 2);
+            uint8_t* q = blk + (f == Q4_1 ? 4 : 2);
+            const int n = f == Q8_0 ? 32 : 16;
+            for (int j = 0; j < n; j++) q[j] = (uint8_t)rng();
+            for (int j = 0; j < 32; j++) {
+                double v;
+                if (f == Q8_0) v = half_value(d) * (int8_t)q[j];
+                else {
+                    const int nib = j < 16 ? q[j] & 15 : q[j - 16] >> 4;
+                    v = f == Q4_0 ? half_value(d) * (nib - 8) : half_value(d) * nib + half_value(mn);
+                }
+                out[j] = (float)v;  // d * q is exact; + m rounds once, as a float sum does
+            }
+        }
+    return values;
+}
+
+// The step over weights stored as blocks of format f against the same step over their
+// values as float32: they must agree bit for bit (the kernel decodes each block exactly and
+// sums in the same order). The count of differing values of logits, hidden states and cache.
+int64_t check_blocks(const Model& base, int f, int* passes) {
+    Model m = base;  // float32 values of the blocks
+    std::vector<std::vector<uint8_t>> store;
+    std::vector<const void*> table;
+    std::vector<int32_t> formats;
+    const int64_t QD = m.Hq * m.D, KD = m.KV * m.D;
+    const int64_t rows_of[] = {0, QD, 0, KD, 0, KD, 0, m.H, 0, 0, m.I, m.I, m.H};
+    const int64_t cols_of[] = {0, m.H, 0, m.H, 0, m.H, 0, QD, 0, 0, m.H, m.H, m.I};
+    store.reserve(m.L * PER_LAYER + 1);
+    for (int64_t l = 0; l < m.L; l++)
+        for (int n = 0; n < PER_LAYER; n++) {
+            Vec& w = m.w[l * PER_LAYER + n];
+            if (rows_of[n] == 0) {  // a norm or a bias
+                table.push_back(ptr(w));
+                formats.push_back(F32);
+                continue;
+            }
+            store.emplace_back();
+            w = random_blocks(f, rows_of[n], cols_of[n], &store.back());
+            table.push_back(store.back().data());
+            formats.push_back(f);
+        }
+    store.emplace_back();
+    m.lm = random_blocks(f, m.V, m.H, &store.back());
+    const void* lm = store.back().data();
+    std::vector<const void*> plain;
+    for (const Vec& w : m.w) plain.push_back(ptr(w));
+    const std::vector<int32_t> f32(plain.size(), F32);
+    const int64_t cap = 64, D = m.D, H = m.H;
+    int64_t differ = 0;
+    for (int64_t past : {0, 9}) {
+        const Vec k0 = randn(m.L * m.KV * cap * D, 1.0f), v0 = randn(m.L * m.KV * cap * D, 1.0f);
+        for (int64_t T = 1; T <= specd_decode_step_max_tokens(); T += 3) {
+            const Vec x = randn(T * H, 1.0f), cos = randn(T * D, 0.5f), sin = randn(T * D, 0.5f);
+            Vec out[2][4];
+            for (int run = 0; run < 2; run++) {
+                Vec kc = k0, vc = v0;
+                std::vector<int64_t> caches;
+                for (int64_t l = 0; l < m.L; l++) {
+                    caches.push_back((int64_t)(kc.data() + l * m.KV * cap * D));
+                    caches.push_back((int64_t)(vc.data() + l * m.KV * cap * D));
+                    caches.push_back(cap * D);
+                    caches.push_back(cap * D);
+                }
+                const int threads = 1 + (int)(T % 2);
+                Vec work(specd_decode_step_work(H, m.I, m.Hq, m.KV, D, T, past, threads));
+                Vec logits(T * m.V), hidden(T * H);
+                specd_decode_step(run == 0 ? table.data() : plain.data(),
+                                  run == 0 ? formats.data() : f32.data(), m.L, caches.data(), H,
+                                  m.I, m.Hq, m.KV, D, 1e-5f, 0.125f, x.data(), cos.data(),
+                                  sin.data(), T, past, nullptr, m.norm.data(),
+                                  run == 0 ? lm : (const void*)m.lm.data(), run == 0 ? f : F32,
+                                  ptr(m.lm_b), m.V, logits.data(), hidden.data(), work.data(),
+                                  threads);
+                out[run][0] = logits, out[run][1] = hidden, out[run][2] = kc, out[run][3] = vc;
+            }
+            for (int i = 0; i < 4; i++)
+                for (size_t j = 0; j < out[0][i].size(); j++) differ += out[0][i][j] != out[1][i][j];
+            (*passes)++;
+        }
+    }
+    return differ;
 }
 
 // The attention kernel against the reference at one shape.
@@ -328,10 +451,16 @@ int main(int argc, char** argv) {
         const double e = check_attention(s.T, s.past, s.Hq, s.KV, s.tree);
         attention = e > attention || e != e ? e : attention;
     }
-    const bool ok = step <= tolerance && attention <= tolerance;
+    int block_passes = 0;
+    int64_t differ = 0;
+    for (int f : {Q4_0, Q4_1, Q8_0, BF16})
+        differ += check_blocks(wide, f, &block_passes) + check_blocks(narrow, f, &block_passes);
+    const bool ok = step <= tolerance && attention <= tolerance && differ == 0;
     printf("specd kernels, %s: step %.2e over %d passes, attention %.2e over %d shapes "
-           "(largest error relative to the largest value; tolerance %.0e): %s\n",
+           "(largest error relative to the largest value; tolerance %.0e); weights as Q4_0, "
+           "Q4_1, Q8_0 and BF16 blocks against their float32 values: %lld values differ over %d "
+           "passes: %s\n",
            specd_kernel_isa(), step, passes, attention, (int)(sizeof(shapes) / sizeof(shapes[0])),
-           tolerance, ok ? "ok" : "FAILED");
+           tolerance, (long long)differ, block_passes, ok ? "ok" : "FAILED");
     return ok ? 0 : 1;
 }

@@ -34,6 +34,37 @@ namespace specd {
 // Lanes [0, n) of a 16-lane mask, 0 <= n <= 16.
 inline unsigned first_lanes(int64_t n) { return n >= 16 ? 0xFFFFu : (1u << n) - 1u; }
 
+// An IEEE half's value as a float (exact: every half is a float). A quantized block's
+// scales are halves: one instruction where the CPU converts them (x86-64's F16C, ARM64),
+// else from the bits.
+inline float half_from_bits(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
+    uint32_t bits;
+    if (e == 0) {  // zero or subnormal: m * 2^-24, exact in a float
+        const float f = (float)m * 5.9604644775390625e-8f;
+        memcpy(&bits, &f, 4);
+        bits |= sign;
+    } else if (e == 31) {
+        bits = sign | 0x7F800000u | (m << 13);  // infinity or NaN
+    } else {
+        bits = sign | ((e + 112) << 23) | (m << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+inline float half_to_float(uint16_t h) {
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#elif defined(__aarch64__)
+    __fp16 x;
+    memcpy(&x, &h, 2);
+    return (float)x;
+#else
+    return half_from_bits(h);
+#endif
+}
+
 #if defined(SPECD_ISA_AVX512)
 
 constexpr const char* ISA = "avx512";
@@ -101,6 +132,24 @@ inline V16 vsum16(const V16* v) {
     const __m512 b = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x88),
                                    _mm512_shuffle_f32x4(u[2], u[3], 0xDD));
     return {_mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xDD))};
+}
+
+// Quantized weights, decoded to floats (exactly: small integers and bfloat16 are floats).
+// The 16 bytes at p as 32 four-bit values: byte j's low nibble is value j, its high nibble
+// value j + 16 (ggml's Q4 layout).
+inline void vload_u4(const uint8_t* p, V16* lo, V16* hi) {
+    const __m128i b = _mm_loadu_si128((const __m128i*)p), mask = _mm_set1_epi8(15);
+    lo->v = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(b, mask)));
+    hi->v = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(b, 4), mask)));
+}
+// 16 signed bytes.
+inline V16 vload_i8(const int8_t* p) {
+    return {_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)))};
+}
+// 16 bfloat16 values (a float's upper half).
+inline V16 vload_bf16(const uint16_t* p) {
+    const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p));
+    return {_mm512_castsi512_ps(_mm512_slli_epi32(w, 16))};
 }
 
 // Bit i set where p[i] != 0, for i < n <= 64; never reads past p + n.
@@ -204,6 +253,25 @@ inline V16 vsum16(const V16* v) {
     return {sum8(s), sum8(s + 8)};
 }
 
+// Quantized weights, decoded to floats (as AVX-512's).
+inline __m256 u8x8(__m128i b) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)); }
+inline void vload_u4(const uint8_t* p, V16* lo, V16* hi) {
+    const __m128i b = _mm_loadu_si128((const __m128i*)p), mask = _mm_set1_epi8(15);
+    const __m128i l = _mm_and_si128(b, mask), h = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
+    *lo = {u8x8(l), u8x8(_mm_srli_si128(l, 8))};
+    *hi = {u8x8(h), u8x8(_mm_srli_si128(h, 8))};
+}
+inline V16 vload_i8(const int8_t* p) {
+    const __m128i b = _mm_loadu_si128((const __m128i*)p);
+    return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)),
+            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)))};
+}
+inline V16 vload_bf16(const uint16_t* p) {
+    const __m256i a = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p));
+    const __m256i b = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(p + 8)));
+    return {_mm256_castsi256_ps(_mm256_slli_epi32(a, 16)), _mm256_castsi256_ps(_mm256_slli_epi32(b, 16))};
+}
+
 inline uint64_t nonzero_bits(const uint8_t* p, int64_t n) {
     uint64_t bits = 0;
     for (int64_t i = 0; i < n; i++) bits |= (uint64_t)(p[i] != 0) << i;
@@ -300,6 +368,31 @@ inline V16 vsum16(const V16* v) {
     return r;
 }
 
+// Quantized weights, decoded to floats (as AVX-512's).
+inline V16 u8x16(uint8x16_t b) {
+    const uint16x8_t l = vmovl_u8(vget_low_u8(b)), h = vmovl_u8(vget_high_u8(b));
+    return {{vcvtq_f32_u32(vmovl_u16(vget_low_u16(l))), vcvtq_f32_u32(vmovl_u16(vget_high_u16(l))),
+             vcvtq_f32_u32(vmovl_u16(vget_low_u16(h))), vcvtq_f32_u32(vmovl_u16(vget_high_u16(h)))}};
+}
+inline void vload_u4(const uint8_t* p, V16* lo, V16* hi) {
+    const uint8x16_t b = vld1q_u8(p);
+    *lo = u8x16(vandq_u8(b, vdupq_n_u8(15)));
+    *hi = u8x16(vshrq_n_u8(b, 4));
+}
+inline V16 vload_i8(const int8_t* p) {
+    const int8x16_t b = vld1q_s8(p);
+    const int16x8_t l = vmovl_s8(vget_low_s8(b)), h = vmovl_s8(vget_high_s8(b));
+    return {{vcvtq_f32_s32(vmovl_s16(vget_low_s16(l))), vcvtq_f32_s32(vmovl_s16(vget_high_s16(l))),
+             vcvtq_f32_s32(vmovl_s16(vget_low_s16(h))), vcvtq_f32_s32(vmovl_s16(vget_high_s16(h)))}};
+}
+inline V16 vload_bf16(const uint16_t* p) {
+    const uint16x8_t a = vld1q_u16(p), b = vld1q_u16(p + 8);
+    return {{vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(a), 16)),
+             vreinterpretq_f32_u32(vshll_n_u16(vget_high_u16(a), 16)),
+             vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(b), 16)),
+             vreinterpretq_f32_u32(vshll_n_u16(vget_high_u16(b), 16))}};
+}
+
 inline uint64_t nonzero_bits(const uint8_t* p, int64_t n) {
     uint64_t bits = 0;
     for (int64_t i = 0; i < n; i++) bits |= (uint64_t)(p[i] != 0) << i;
@@ -358,6 +451,27 @@ inline void prefetch(const void* p) {
     (void)p;
 #endif
 }
+// Quantized weights, decoded to floats (as AVX-512's).
+inline void vload_u4(const uint8_t* p, V16* lo, V16* hi) {
+    for (int i = 0; i < 16; i++) {
+        lo->f[i] = (float)(p[i] & 15);
+        hi->f[i] = (float)(p[i] >> 4);
+    }
+}
+inline V16 vload_i8(const int8_t* p) {
+    V16 r;
+    for (int i = 0; i < 16; i++) r.f[i] = (float)p[i];
+    return r;
+}
+inline V16 vload_bf16(const uint16_t* p) {
+    V16 r;
+    for (int i = 0; i < 16; i++) {
+        const uint32_t bits = (uint32_t)p[i] << 16;
+        memcpy(&r.f[i], &bits, 4);
+    }
+    return r;
+}
+
 inline uint64_t nonzero_bits(const uint8_t* p, int64_t n) {
     uint64_t bits = 0;
     for (int64_t i = 0; i < n; i++) bits |= (uint64_t)(p[i] != 0) << i;
