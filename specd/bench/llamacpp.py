@@ -16,7 +16,6 @@ would otherwise reuse the longest prefix the previous prompt left behind.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -102,26 +101,22 @@ class LlamaCppRunner:
         self.longest = longest
         #: seconds each configuration's (last) load took; not part of any rate
         self.load_s: dict[str, float] = {}
-        self._llms: dict[str, tuple[Any, _Steps, _CountingDraft | None]] = {}
+        self._llms: dict[str, Any] = {}
 
-    def load(self, cfg: Config, need: int) -> tuple[Any, _Steps, _CountingDraft | None]:
-        """The configuration's ``Llama``, loaded on first use or when ``need`` tokens (a
-        prompt and its new tokens) do not fit its context."""
+    def load(self, cfg: Config, need: int) -> Any:
+        """The configuration's ``Llama`` (a :func:`_counted` one), loaded on first use or
+        when ``need`` tokens (a prompt and its new tokens) do not fit its context."""
         have = self._llms.get(cfg.name)
-        if have is not None and have[0].n_ctx() >= need + DRAFT_SLACK:
+        if have is not None and have.n_ctx() >= need + DRAFT_SLACK:
             return have
-        import llama_cpp
-        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
-
+        counted_llama, counted_lookup = _counted()
         self.longest = max(self.longest, need)
         draft = None
         if cfg.prompt_lookup_tokens:
-            draft = _CountingDraft(
-                LlamaPromptLookupDecoding(num_pred_tokens=cfg.prompt_lookup_tokens)
-            )
+            draft = counted_lookup(num_pred_tokens=cfg.prompt_lookup_tokens)
         threads = torch.get_num_threads()
         t0 = time.perf_counter()
-        llm = llama_cpp.Llama(
+        llm = counted_llama(
             model_path=str(self.model_path),
             n_ctx=self.longest + DRAFT_SLACK,
             n_threads=threads,
@@ -137,24 +132,23 @@ class LlamaCppRunner:
                 f"{self.model_path.name} has {llm.n_vocab()} tokens, the target "
                 f"{self.vocab_size}: the prompts' token ids would mean other tokens"
             )
-        steps = _Steps(llm.eval)
-        llm.eval = steps  # one call of eval is one forward pass: the target step
-        self._llms[cfg.name] = (llm, steps, draft)
-        return self._llms[cfg.name]
+        self._llms[cfg.name] = llm
+        return llm
 
     def run(self, cfg: Config, prompt: Prompt) -> Run:
         """Greedy generation of up to ``prompt.max_tokens`` tokens after ``prompt.ids``,
         stopping before an end-of-sequence token, timed per target step."""
-        llm, steps, draft = self.load(cfg, len(prompt.ids) + prompt.max_tokens)
+        llm = self.load(cfg, len(prompt.ids) + prompt.max_tokens)
+        draft = llm.draft_model
         # An empty KV cache: without this generate keeps the previous prompt's longest
         # common prefix and evaluates only the rest, which would flatter the TTFT.
         llm.reset()
-        steps.calls = 0
+        llm.passes = 0
         if draft is not None:
             draft.drafted = 0
         tokens: list[int] = []
         events: list[tuple[float, int]] = []
-        seen_step = 0
+        seen_pass = 0
         t0 = last = time.perf_counter()
         gen = llm.generate(list(prompt.ids), top_k=1, temp=0.0, repeat_penalty=1.0)
         try:
@@ -164,9 +158,9 @@ class LlamaCppRunner:
                 if token in self.eos_token_ids:
                     break
                 tokens.append(token)
-                if steps.calls != seen_step or not events:
+                if llm.passes != seen_pass or not events:
                     # The first token out of a new forward pass opens the pass's event.
-                    seen_step = steps.calls
+                    seen_pass = llm.passes
                     events.append((now - last, 1))
                     last = now
                 else:  # a draft token the same pass accepted
@@ -188,26 +182,26 @@ class LlamaCppRunner:
         )
 
 
-class _Steps:
-    """Wraps ``Llama.eval`` to count forward passes."""
+def _counted() -> tuple[type, type]:
+    """``Llama`` counting its forward passes (``passes``: one call of ``eval`` is one pass,
+    the target step) and the prompt-lookup draft counting the tokens it proposed
+    (``drafted``); made from the ``llama_cpp`` imported now."""
+    import llama_cpp
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-    def __init__(self, inner: Callable[..., Any]) -> None:
-        self.inner = inner
-        self.calls = 0
+    class CountedLlama(llama_cpp.Llama):
+        passes = 0
 
-    def __call__(self, tokens: Any) -> Any:
-        self.calls += 1
-        return self.inner(tokens)
+        def eval(self, tokens: Any) -> None:
+            self.passes += 1
+            super().eval(tokens)
 
+    class CountedLookup(LlamaPromptLookupDecoding):
+        drafted = 0
 
-class _CountingDraft:
-    """A draft model that counts what the wrapped one proposed."""
+        def __call__(self, input_ids: Any, /, **kwargs: Any) -> Any:
+            out = super().__call__(input_ids, **kwargs)
+            self.drafted += len(out)
+            return out
 
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.drafted = 0
-
-    def __call__(self, input_ids: Any, /, **kwargs: Any) -> Any:
-        out = self.inner(input_ids, **kwargs)
-        self.drafted += len(out)
-        return out
+    return CountedLlama, CountedLookup

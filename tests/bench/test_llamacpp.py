@@ -196,7 +196,7 @@ def test_runner_stops_before_eos(fake, tmp_path):
 def test_lookup_groups_the_tokens_of_one_pass(fake, tmp_path):
     run = runner(tmp_path).run(configs.parse("llamacpp-lookup-4"), Prompt("p", [1, 2], 9))
     (llm,) = FakeLlama.made
-    assert llm.draft_model.inner.num_pred_tokens == 4
+    assert llm.draft_model.num_pred_tokens == 4
     assert run.token_ids == list(range(3, 12))
     # the prompt's pass gives one token; each pass after it two drafts and the correction
     assert [n for _, n in run.events] == [1, 3, 3, 2]
