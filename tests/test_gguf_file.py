@@ -243,6 +243,9 @@ def test_files_it_cannot_read_are_refused_naming_why(tmp_path, small):
     (tmp_path / "text.gguf").write_bytes(b"not a model at all")
     with pytest.raises(UnsupportedGGUFError, match="not a GGUF file"):
         read_gguf(tmp_path / "text.gguf")
+    (tmp_path / "empty.gguf").write_bytes(b"")
+    with pytest.raises(UnsupportedGGUFError, match="not a readable GGUF file"):
+        read_gguf(tmp_path / "empty.gguf")
     whole = small[0].read_bytes()
     (tmp_path / "header.gguf").write_bytes(whole[:200])
     with pytest.raises(UnsupportedGGUFError, match="not a readable GGUF file"):

@@ -45,7 +45,7 @@ class Format(NamedTuple):
     block_bytes: int
 
 
-F32 = Format("f32", 0, 4 * BLOCK)
+F32 = Format("f32", 0, 4 * BLOCK)  # no block format: its "block" is 32 float32 values
 Q4_0 = Format("q4_0", 1, 18)
 Q4_1 = Format("q4_1", 2, 20)
 Q8_0 = Format("q8_0", 3, 34)
@@ -178,7 +178,7 @@ class BlockWeight:
 def _linear(
     input: torch.Tensor, weight: BlockWeight, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
-    return F.linear(input, weight.dequantize(), bias)
+    return F.linear(input, weight.dequantize().to(input.device), bias)
 
 
 def _embedding(
@@ -192,7 +192,8 @@ def _embedding(
 ) -> torch.Tensor:
     if max_norm is not None:  # renormalises the weight in place, which blocks cannot be
         raise TypeError("F.embedding with max_norm is not supported on a quantized weight")
-    return weight[input]  # padding_idx, scale_grad_by_freq, sparse only shape gradients
+    # padding_idx, scale_grad_by_freq and sparse only shape gradients, which blocks have none of
+    return weight[input.cpu()].to(input.device)
 
 
 def decode(raw: torch.Tensor, fmt: Format) -> torch.Tensor:

@@ -155,10 +155,12 @@ def read(path: Path) -> tuple[dict[str, torch.Tensor | BlockWeight], dict[str, A
     path = Path(path)
     if not path.is_file():
         raise ModelNotFoundError(f"GGUF file {path} does not exist")
-    raw = np.memmap(path, dtype=np.uint8, mode="c")
     try:
-        header = _Header(memoryview(raw))
-    except (struct.error, UnicodeDecodeError, MemoryError, OverflowError) as e:
+        raw = np.memmap(path, dtype=np.uint8, mode="c")
+        header = _Header(raw.data)
+    except UnsupportedGGUFError as e:
+        raise UnsupportedGGUFError(f"{path}: {e}") from None
+    except (struct.error, ValueError, OSError, MemoryError, OverflowError) as e:
         raise UnsupportedGGUFError(f"{path} is not a readable GGUF file: {e}") from e
     meta = _metadata(header.meta, path)
     file = torch.from_numpy(raw)
