@@ -86,7 +86,10 @@ def stored(values: torch.Tensor, kind: GT) -> np.ndarray:
 
 
 def write(path: Path, tensors: dict[str, tuple[torch.Tensor, GT]], arch: str = "llama",
-          extra: dict[str, tuple[np.ndarray, GT]] | None = None) -> Path:  # fmt: skip
+          extra: dict[str, tuple[np.ndarray, GT]] | None = None, permuted: bool = True,
+          ) -> Path:  # fmt: skip
+    """A GGUF file of ``tensors`` (q and k rows reordered as llama.cpp's converter does when
+    ``permuted``), ``extra`` raw tensors under GGUF names added."""
     w = gguf.GGUFWriter(path, arch)
     w.add_block_count(1)
     w.add_context_length(128)
@@ -102,7 +105,7 @@ def write(path: Path, tensors: dict[str, tuple[torch.Tensor, GT]], arch: str = "
     for hf, (values, kind) in tensors.items():
         data = stored(values, kind)
         part = hf.split(".")[4] if hf.startswith("model.layers.") else ""
-        if part in ("q_proj", "k_proj"):
+        if permuted and part in ("q_proj", "k_proj"):
             data = permute(data, HEADS if part == "q_proj" else KV)
         w.add_tensor(gguf_name(hf), data, raw_dtype=None if kind in (GT.F32, GT.F16) else kind)
     for name, (data, kind) in (extra or {}).items():
@@ -166,8 +169,21 @@ def test_every_type_comes_back_under_its_hugging_face_name(small):
 def test_without_output_weight_there_is_no_lm_head(tmp_path):
     tensors = model_tensors()
     del tensors["lm_head.weight"]
-    got, _ = read_gguf(write(tmp_path / "tied.gguf", tensors))
+    got, meta = read_gguf(write(tmp_path / "tied.gguf", tensors))
     assert "lm_head.weight" not in got and "model.embed_tokens.weight" in got
+    assert meta["hf_config"]["tie_word_embeddings"] is True
+
+
+def test_qwen2_files_keep_their_q_and_k_rows(tmp_path):
+    """llama.cpp reorders q and k rows for its llama architecture only."""
+    tensors = model_tensors()
+    got, meta = read_gguf(write(tmp_path / "qwen2.gguf", tensors, arch="qwen2", permuted=False))
+    assert meta["architecture"] == "qwen2" and meta["head_count_kv"] == KV
+    for part in ("q_proj", "k_proj"):
+        values, kind = tensors[f"model.layers.0.self_attn.{part}.weight"]
+        block = got[f"model.layers.0.self_attn.{part}.weight"]
+        assert isinstance(block, BlockWeight)
+        assert torch.equal(block.data, torch.from_numpy(stored(values, kind))), part
 
 
 def test_metadata_names_the_shape(small):
@@ -187,6 +203,8 @@ def test_metadata_names_the_shape(small):
         "num_key_value_heads": KV,
         "rope_theta": 10000.0,
         "rms_norm_eps": pytest.approx(1e-5),
+        "vocab_size": VOCAB,  # no llama.vocab_size key: the embedding's rows
+        "tie_word_embeddings": False,
     }
 
 

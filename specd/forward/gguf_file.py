@@ -176,6 +176,11 @@ def read(path: Path) -> tuple[dict[str, torch.Tensor | BlockWeight], dict[str, A
             heads = meta["head_count" if part == "attn_q" else "head_count_kv"]
             tensor = _unpermute(tensor, heads, name)
         tensors[hf] = tensor
+    config = meta["hf_config"]
+    config["tie_word_embeddings"] = "lm_head.weight" not in tensors
+    embed = tensors.get("model.embed_tokens.weight")
+    if embed is not None:
+        config.setdefault("vocab_size", embed.shape[0])
     return tensors, meta
 
 
