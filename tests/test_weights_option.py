@@ -24,6 +24,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 #: Every command that loads a model, with the arguments it needs besides the model options.
 COMMANDS = {
     "generate": ["generate", "x"],
+    "train eagle": ["train", "eagle", "--data", "d", "--out", "o"],
     "complete": ["complete", "f.py", "--line", "1", "--col", "1"],
     "serve": ["serve", "--stdio"],
     "bench": ["bench", "--workload", "random"],
@@ -65,6 +66,14 @@ def test_every_command_that_loads_a_model_takes_weights(command, capsys):
     err = capsys.readouterr().err
     assert "--weights" in err and "'q5'" in err
     assert all(f"'{value}'" in err or value in err for value in stored.CHOICES)
+
+
+def test_the_session_bench_hands_weights_to_its_daemon():
+    from specd.bench.session_report import _model_args
+
+    args = build_parser().parse_args(["bench", "--workload", "session", "--weights", "q4"])
+    flags = _model_args(args)
+    assert flags[flags.index("--weights") + 1] == "q4"
 
 
 def test_native_is_refused_for_a_safetensors_model(checkpoint, capsys):
@@ -164,8 +173,10 @@ def test_prefill_dtype_and_packed_weights_are_refused_with_blocks(checkpoint):
 
 def test_the_bench_report_names_the_weights(checkpoint):
     from specd.bench.harness import machine_info
+    from specd.bench.probe import TargetSpec
 
-    target = models.load_target(str(checkpoint), weights="q8")
+    target = TargetSpec(model=str(checkpoint), weights="q8").load()  # what each probe loads
+    assert target.model.weight_format == "q8_0"
     assert machine_info(target)["weights"] == "q8_0"
     assert machine_info(models.load_target("tiny"))["weights"] == "f64"
 

@@ -105,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         device=args.device,
         trust_remote_code=args.trust_remote_code,
+        weights=args.weights,
         drafter="none",
     ).target
     if args.evaluate:
