@@ -64,6 +64,12 @@ def test_dequantize_matches_ggml_reference_bit_for_bit_on_random_blocks(name):
         assert torch.equal(bits(ours), bits(ref)), f"{name} {rows}x{cols}"
 
 
+def test_bf16_decodes_rows_of_any_length():
+    data = torch.randint(0, 256, (3, 20), dtype=torch.uint8)  # 3 rows of 10 values
+    ref = quants.dequantize(data.numpy(), GT.BF16)
+    assert torch.equal(bits(blocks.decode(data, BF16)), bits(ref))
+
+
 def sample(rows: int, cols: int, seed: int) -> torch.Tensor:
     """Normal values with the cases rounding rules differ on: a zero block, a constant
     block, a block of exact halves (q8_0: d = 1), ties in magnitude of opposite sign."""

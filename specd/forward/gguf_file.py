@@ -1,9 +1,10 @@
 """Reading a Llama-style GGUF file: its metadata and its tensors under Hugging Face names.
 
 The file is memory-mapped (copy on write: nothing is ever written back) and its blocks are
-used where they lie: a Q4_0, Q4_1, Q8_0 or BF16 matrix becomes a
-:class:`~specd.forward.blocks.BlockWeight` viewing the map, an F32 tensor a float32 tensor
-viewing it, an F16 tensor a float32 copy. The only blocks copied are the rows of q and k:
+used where they lie: a Q4_0, Q4_1, Q8_0 or BF16 tensor comes as its rows of blocks viewing
+the map (:func:`specd.forward.blocks.read_gguf` wraps a matrix of them in a
+``BlockWeight``), an F32 tensor as a float32 tensor viewing it, an F16 tensor as a float32
+copy. The only blocks copied are the rows of q and k:
 llama.cpp's converter reorders them within each head for its rotary layout (the two halves
 of a head interleaved), and :func:`read` puts whole rows back in Hugging Face's order, as
 transformers' GGUF loader does, never de-quantizing them.
@@ -17,13 +18,13 @@ from __future__ import annotations
 
 import struct
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
-from ..errors import ModelNotFoundError
-from .blocks import BF16, BLOCK, Q4_0, Q4_1, Q8_0, BlockWeight, Format, UnsupportedGGUFError
+from ..errors import BadInputError, ModelNotFoundError
+from .block_formats import BF16, BLOCK, Q4_0, Q4_1, Q8_0, Format, decode
 
 #: Arrays in the metadata longer than this are left out (the tokenizer's vocabulary).
 MAX_ARRAY = 64
@@ -70,6 +71,20 @@ _LAYER = {
 }
 #: Tensors with no Hugging Face weight: rotary frequencies transformers derives from config.
 _SKIPPED = {"rope_freqs.weight"}
+
+
+class UnsupportedGGUFError(BadInputError):
+    """A GGUF file holds an architecture, tensor or block type specd cannot read."""
+
+
+class RawTensor(NamedTuple):
+    """One tensor as the file holds it: a matrix of whole blocks as uint8 ``data`` ``[rows,
+    row bytes]`` in block format ``fmt``; anything else (``fmt`` None) float32 ``data`` of
+    ``shape``: F32 viewing the file, F16 and block vectors de-quantized."""
+
+    data: torch.Tensor
+    fmt: Format | None
+    shape: tuple[int, ...]
 
 
 class _Header:
@@ -139,16 +154,16 @@ class _Header:
 _SKIP = object()
 
 
-def read(path: Path) -> tuple[dict[str, torch.Tensor | BlockWeight], dict[str, Any]]:
+def read(path: Path) -> tuple[dict[str, RawTensor], dict[str, Any]]:
     """The tensors of the GGUF file ``path`` under Hugging Face names
     (``model.embed_tokens.weight``, ``model.layers.N.self_attn.q_proj.weight``, ...,
     ``model.norm.weight``, and ``lm_head.weight`` only when the file has ``output.weight``:
     otherwise the LM head is tied to the embedding), and its metadata.
 
-    Q4_0, Q4_1, Q8_0 and BF16 matrices come as :class:`BlockWeight` (1-D ones, and BF16 ones
-    whose rows are no whole blocks, as float32 tensors), F32 as float32 tensors viewing the
-    file, F16 as float32 copies; any other type is an :class:`UnsupportedGGUFError` naming
-    the tensor and its type. The metadata holds the file's keys (arrays longer than
+    Q4_0, Q4_1, Q8_0 and BF16 matrices come as rows of blocks viewing the file (vectors, and
+    BF16 matrices whose rows are no whole blocks, de-quantized to float32), F32 tensors as
+    float32 tensors viewing it, F16 as float32 copies (:class:`RawTensor`); any other type
+    is an :class:`UnsupportedGGUFError` naming the tensor and its type. The metadata holds the file's keys (arrays longer than
     :data:`MAX_ARRAY` left out) and ``architecture``, ``head_count``, ``head_count_kv`` and
     ``hf_config`` (the model's shape under transformers' config names).
     """
@@ -164,7 +179,7 @@ def read(path: Path) -> tuple[dict[str, torch.Tensor | BlockWeight], dict[str, A
         raise UnsupportedGGUFError(f"{path} is not a readable GGUF file: {e}") from e
     meta = _metadata(header.meta, path)
     file = torch.from_numpy(raw)
-    tensors: dict[str, torch.Tensor | BlockWeight] = {}
+    tensors: dict[str, RawTensor] = {}
     for name, dims, kind, offset in header.tensors:
         hf = _hf_name(name, path)
         if hf is None:
@@ -179,7 +194,7 @@ def read(path: Path) -> tuple[dict[str, torch.Tensor | BlockWeight], dict[str, A
     config = meta["hf_config"]
     config["tie_word_embeddings"] = "lm_head.weight" not in tensors
     embed = tensors.get("model.embed_tokens.weight")
-    if embed is not None:
+    if embed is not None and len(embed.shape) == 2:
         config.setdefault("vocab_size", embed.shape[0])
     return tensors, meta
 
@@ -229,7 +244,7 @@ def _hf_name(name: str, path: Path) -> str | None:
 
 def _tensor(
     file: torch.Tensor, start: int, name: str, dims: list[int], kind: int, path: Path
-) -> torch.Tensor | BlockWeight:
+) -> RawTensor:
     """One tensor; ``dims`` are GGUF's, innermost (columns) first."""
     if kind not in _TYPES:
         raise UnsupportedGGUFError(
@@ -237,10 +252,10 @@ def _tensor(
             f"read; it reads {', '.join(_type_name(k) for k in _TYPES)}"
         )
     per_block, block_bytes, fmt = _TYPES[kind]
-    shape = dims[::-1]  # row-major: [rows, cols]
+    shape = tuple(dims[::-1])  # row-major: [rows, cols]
     if len(shape) not in (1, 2) or any(n <= 0 for n in shape) or dims[0] % per_block:
         raise UnsupportedGGUFError(
-            f"{path}: tensor {name!r} of shape {shape} in {_type_name(kind)} is not a vector "
+            f"{path}: tensor {name!r} of shape {list(shape)} in {_type_name(kind)} is not a vector "
             f"or matrix of whole blocks"
         )
     cols, rows = dims[0], (dims[1] if len(dims) == 2 else 1)
@@ -253,13 +268,13 @@ def _tensor(
         dtype = torch.float32 if kind == _F32 else torch.float16
         if start % 4:  # a misaligned file: copy rather than view
             data = data.clone()
-        return data.view(dtype).reshape(shape).to(torch.float32)
-    if len(shape) == 2 and cols % BLOCK == 0:
-        return BlockWeight(data, fmt, (rows, cols))
-    return BlockWeight(data.reshape(1, -1), fmt, (1, rows * cols)).dequantize().reshape(shape)
+        return RawTensor(data.view(dtype).reshape(shape).to(torch.float32), None, shape)
+    if len(shape) == 1 or cols % BLOCK:  # no matrix of whole blocks: its float32 values
+        return RawTensor(decode(data, fmt).reshape(shape), None, shape)
+    return RawTensor(data, fmt, shape)
 
 
-def _unpermute(t: torch.Tensor | BlockWeight, heads: int, name: str) -> torch.Tensor | BlockWeight:
+def _unpermute(t: RawTensor, heads: int, name: str) -> RawTensor:
     """Undo llama.cpp's rotary reordering of q or k rows: within each of ``heads`` heads,
     GGUF row ``2 * i + h`` is Hugging Face row ``h * half + i`` (``h`` 0 or 1). Whole rows
     are copied; blocks are never de-quantized."""
@@ -267,9 +282,7 @@ def _unpermute(t: torch.Tensor | BlockWeight, heads: int, name: str) -> torch.Te
     if rows % (2 * heads):
         raise UnsupportedGGUFError(f"tensor {name!r}: {rows} rows do not split into {heads} heads")
     order = torch.arange(rows).reshape(heads, rows // heads // 2, 2).transpose(1, 2).reshape(-1)
-    if isinstance(t, BlockWeight):
-        return BlockWeight(t.data[order], t.fmt, (rows, t.shape[1]))
-    return t[order]
+    return RawTensor(t.data[order], t.fmt, t.shape)
 
 
 def _type_name(kind: int) -> str:
