@@ -153,6 +153,7 @@ _DEFAULTS = {
     "session_lines": session.DEFAULT_BLOCK_LINES,
     "keystroke_ms": session_report.DEFAULT_KEYSTROKE_MS,
     "compile": "auto",
+    "weights": "auto",
 }
 
 
