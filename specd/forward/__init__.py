@@ -11,8 +11,8 @@
 - :mod:`.lean_model` and :mod:`.tokenizer`: a checkpoint the lean forward serves, loaded
   without building a transformers model.
 - :mod:`.products`: weight-major matrix products; :mod:`.static_graph`: CUDA graphs.
-- :mod:`.models`: loading a model by name or path; :mod:`.tiny`: small random models for
-  tests.
+- :mod:`.models`: loading a model by name or path; :mod:`.weights`: how its matrices are
+  stored (``--weights``); :mod:`.tiny`: small random models for tests.
 
 Nothing here imports the engine or the plugins; the engine imports this package.
 """
