@@ -224,12 +224,19 @@ def test_row_lookups_decode_only_those_rows(monkeypatch):
 
 def test_other_torch_functions_are_refused_naming_them():
     w = weight()
-    with pytest.raises(TypeError, match=r"matmul is not supported on a quantized weight"):
+    with pytest.raises(TypeError, match=r"matmul is not supported on a quantized weight \(q4_1"):
         torch.matmul(torch.randn(2, 48), w)
     with pytest.raises(TypeError, match=r"add is not supported on a quantized weight"):
         torch.add(w, 1)
     with pytest.raises(TypeError, match="max_norm"):
         F.embedding(torch.tensor([1]), w, max_norm=1.0)
+
+
+@pytest.mark.parametrize("name", list(FORMATS))
+def test_an_empty_matrix_and_an_empty_lookup(name):
+    w = quantize(torch.zeros(0, 64), name)
+    assert w.dequantize().shape == (0, 64) and w.nbytes == 0
+    assert weight(name)[torch.tensor([], dtype=torch.long)].shape == (0, 96)
 
 
 def test_it_answers_like_a_float32_weight():
@@ -260,5 +267,20 @@ def test_bad_blocks_are_refused_naming_what_is_wrong():
         BlockWeight(good, blocks.Format("q4_1", 9, 20), (4, 64))
     with pytest.raises(ValueError, match=r"shape must be \(rows, cols\)"):
         BlockWeight(good, Q4_1, (4, 64, 1))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"shape must be \(rows, cols\)"):
+        BlockWeight(good, Q4_1, (4, 64.0))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="rows must not be negative"):
+        BlockWeight(good, Q4_1, (-4, 64))
+    counts = (np.int64(4), torch.tensor(64))  # anything int-like
+    assert BlockWeight(good, Q4_1, counts).shape == (4, 64)  # type: ignore[arg-type]
     assert BlockWeight(good, "q4_1", (4, 64)).fmt == Q4_1  # type: ignore[arg-type]
     assert BF16.block_bytes == 64 and Q4_0.code == 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_block_weight_follows_its_input_to_the_gpu():
+    w = weight("q8_0")
+    x = torch.randn(2, 96, device="cuda")
+    ids = torch.tensor([3, 1], device="cuda")
+    assert torch.equal(F.linear(x, w).cpu(), F.linear(x.cpu(), w.dequantize()))
+    assert torch.equal(F.embedding(ids, w).cpu(), w.dequantize()[[3, 1]])

@@ -63,8 +63,8 @@ def decode(raw: torch.Tensor, fmt: Format) -> torch.Tensor:
     if fmt == BF16:  # no scales: each 2 bytes are a value
         bits = raw.contiguous().view(torch.int16).to(torch.int32) << 16
         return bits.view(torch.float32)
-    lead = raw.shape[:-1]
-    blocks = raw.reshape(*lead, -1, fmt.block_bytes)  # [..., n, block_bytes]
+    lead, n = raw.shape[:-1], raw.shape[-1] // fmt.block_bytes
+    blocks = raw.reshape(*lead, n, fmt.block_bytes)  # [..., n, block_bytes]
     d = _fp16(blocks, 0)  # [..., n, 1]
     if fmt == Q8_0:
         values = d * blocks[..., 2:].view(torch.int8).to(torch.float32)
@@ -74,7 +74,7 @@ def decode(raw: torch.Tensor, fmt: Format) -> torch.Tensor:
         values = d * _nibbles(blocks[..., 4:]).to(torch.float32) + _fp16(blocks, 2)
     else:
         raise ValueError(f"cannot decode {fmt!r}")
-    return values.reshape(*lead, -1)
+    return values.reshape(*lead, n * 32)
 
 
 def _fp16(blocks: torch.Tensor, offset: int) -> torch.Tensor:

@@ -13,6 +13,7 @@ do; :func:`read_gguf` reads a Llama-style GGUF file's tensors without copying it
 
 from __future__ import annotations
 
+import operator
 from pathlib import Path
 from typing import Any
 
@@ -75,9 +76,12 @@ class BlockWeight:
                 f"block data must be a contiguous 2-D tensor [rows, row bytes], not "
                 f"{'non-contiguous ' if data.dim() == 2 else ''}{tuple(data.shape)}"
             )
-        if len(shape) != 2 or any(not isinstance(n, int) or n < 0 for n in shape):
-            raise ValueError(f"shape must be (rows, cols) of two counts, not {shape!r}")
-        rows, cols = shape
+        try:
+            rows, cols = (operator.index(n) for n in shape)
+        except (TypeError, ValueError):
+            raise ValueError(f"shape must be (rows, cols) of two counts, not {shape!r}") from None
+        if rows < 0:
+            raise ValueError(f"shape {tuple(shape)}: rows must not be negative")
         if cols == 0 or cols % BLOCK:
             raise ValueError(f"shape {tuple(shape)}: cols must be a positive multiple of {BLOCK}")
         expected = (rows, cols // BLOCK * fmt.block_bytes)
@@ -88,7 +92,7 @@ class BlockWeight:
             )
         self.data = data
         self.fmt = fmt
-        self._shape = torch.Size(shape)
+        self._shape = torch.Size((rows, cols))
 
     @property
     def shape(self) -> torch.Size:
@@ -123,7 +127,7 @@ class BlockWeight:
         return self._shape if d is None else self._shape[d]
 
     def dequantize(self) -> torch.Tensor:
-        """The matrix in float32 ``[rows, cols]``, exactly (see the module's rules)."""
+        """The matrix in float32 ``[rows, cols]``, exactly (the rules of :mod:`.block_formats`)."""
         return decode(self.data, self.fmt)
 
     def __getitem__(self, index: Any) -> torch.Tensor:
@@ -153,8 +157,9 @@ class BlockWeight:
         if func is F.embedding:
             return _embedding(*args, **kwargs)
         name = getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))
+        fmt = next((a.fmt.name for a in args if isinstance(a, BlockWeight)), "block")
         raise TypeError(
-            f"{name} is not supported on a quantized weight (blocks); only F.linear, "
+            f"{name} is not supported on a quantized weight ({fmt} blocks); only F.linear, "
             f"F.embedding and row indexing are; call .dequantize() for a float32 copy"
         )
 
@@ -198,7 +203,8 @@ def quantize(w: torch.Tensor, fmt: Format | str) -> BlockWeight:
     if fmt != BF16 and not bool(torch.isfinite(x).all()):
         raise ValueError(f"cannot store non-finite values as {fmt.name} blocks")
     packed = encode(x, fmt)
-    return BlockWeight(packed.reshape(rows, -1).contiguous(), fmt, (rows, cols))
+    data = packed.reshape(rows, cols // BLOCK * fmt.block_bytes).contiguous()
+    return BlockWeight(data, fmt, (rows, cols))
 
 
 def read_gguf(path: Path) -> tuple[dict[str, torch.Tensor | BlockWeight], dict[str, Any]]:

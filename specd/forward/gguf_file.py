@@ -112,7 +112,9 @@ class _Header:
             dims = list(self._take("Q" * n_dims))
             kind, offset = self._take("IQ")
             self.tensors.append((name, dims, kind, offset))
-        align = int(self.meta.get("general.alignment", 32))
+        align = self.meta.get("general.alignment", 32)
+        if not isinstance(align, int) or align <= 0:
+            raise UnsupportedGGUFError(f"general.alignment {align!r} is not a positive count")
         self.data_start = -(-self.pos // align) * align
 
     def _take(self, fmt: str) -> tuple[Any, ...]:
@@ -163,10 +165,10 @@ def read(path: Path) -> tuple[dict[str, RawTensor], dict[str, Any]]:
     Q4_0, Q4_1, Q8_0 and BF16 matrices come as rows of blocks viewing the file (vectors, and
     BF16 matrices whose rows are no whole blocks, de-quantized to float32), F32 tensors as
     float32 tensors viewing it, F16 as float32 copies (:class:`RawTensor`); any other type
-    is an :class:`UnsupportedGGUFError` naming the tensor and its type. The metadata holds the file's keys (arrays longer than
-    :data:`MAX_ARRAY` left out) and ``architecture``, ``head_count``, ``head_count_kv`` and
-    ``hf_config`` (the model's shape under transformers' config names).
-    """
+    is an :class:`UnsupportedGGUFError` naming the tensor and its type. The metadata holds
+    the file's keys (arrays longer than :data:`MAX_ARRAY` left out) and ``architecture``,
+    ``head_count``, ``head_count_kv`` and ``hf_config`` (the model's shape under
+    transformers' config names, ``tie_word_embeddings`` among them)."""
     path = Path(path)
     if not path.is_file():
         raise ModelNotFoundError(f"GGUF file {path} does not exist")
