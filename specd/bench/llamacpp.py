@@ -123,7 +123,10 @@ class LlamaCppRunner:
             n_threads_batch=threads,
             n_batch=512,
             verbose=False,
-            logits_all=False,  # the binding turns it on itself when it speculates
+            # The binding keeps every position's logits when it speculates, whatever this
+            # says, but sizes its buffer by it: with False, n_batch rows, and a prompt of
+            # more than n_batch tokens overflows them.
+            logits_all=draft is not None,
             draft_model=draft,
         )
         self.load_s[cfg.name] = time.perf_counter() - t0

@@ -82,6 +82,10 @@ class FakeLlama:
         self.clock.now += PREFILL_S + PER_TOKEN_S * len(tokens)
         self.input_ids = self.input_ids[: self.n_tokens] + list(tokens)
         self.n_tokens = len(self.input_ids)
+        rows = self.n_ctx() if self.kwargs["logits_all"] else self.kwargs["n_batch"]
+        if self.draft_model is not None and self.n_tokens > rows:
+            # the binding writes every position's logits when it speculates
+            raise ValueError("could not broadcast input array into the logits buffer")
         assert self.n_tokens <= self.n_ctx(), "the context overflowed"
 
     def generate(self, tokens, top_k=40, temp=0.8, repeat_penalty=1.1, **kw):
@@ -203,6 +207,14 @@ def test_lookup_groups_the_tokens_of_one_pass(fake, tmp_path):
     assert run.steps == 4 and run.accepted == 9 - 4
     assert run.drafted == 3 * 4
     assert run.events[1][0] == pytest.approx(PREFILL_S + 5 * PER_TOKEN_S)  # 1 + 4 drafts
+
+
+def test_lookup_takes_a_prompt_longer_than_a_batch(fake, tmp_path):
+    prompt = Prompt("long", [i % 40 for i in range(700)], 4)
+    run = runner(tmp_path).run(configs.parse("llamacpp-lookup"), prompt)
+    assert run.new_tokens == 4
+    (llm,) = FakeLlama.made
+    assert llm.kwargs["n_ctx"] >= 704 and llm.kwargs["n_batch"] == 512
 
 
 def test_each_prompt_starts_with_an_empty_cache(fake, tmp_path):
