@@ -161,6 +161,30 @@ def test_blocks_need_the_lean_forward_in_float32(checkpoint, monkeypatch):
     assert stored.format_of(models.load_target(str(checkpoint)).model) == "f32"
 
 
+def test_auto_loads_a_gguf_model_the_lean_forward_cannot_run_as_float32(
+    tmp_path, monkeypatch, caplog
+):
+    """A GGUF alias whose converted configuration the lean forward does not run (here
+    rotary embeddings it does not compute) loads its float32 copy, saying why in one line."""
+    alias = "test-gguf-linear-rope"
+    source = models.GGUFSource("specd-test-absent", "absent.gguf", "nothing to install")
+    monkeypatch.setitem(models.ALIASES, alias, source)
+    monkeypatch.setenv("SPECD_CACHE_DIR", str(tmp_path))
+    where = tmp_path / "models" / alias  # as if converted already
+    where.mkdir(parents=True)
+    model = hf_model("llama-tied")
+    model.config.rope_parameters = {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}
+    model.save_pretrained(where)
+    write_tokenizer(where)
+    with caplog.at_level("INFO", logger="specd.forward.models"):
+        target = models.load_target(alias)
+    assert stored.format_of(target.model) == "f32"
+    lines = [r.getMessage() for r in caplog.records if r.name == "specd.forward.models"]
+    assert len(lines) == 1 and "float32 copy" in lines[0] and "'linear'" in lines[0]
+    with pytest.raises(BadInputError, match="--weights q8 needs specd's lean forward"):
+        models.load_target(alias, weights="q8")
+
+
 def test_prefill_dtype_and_packed_weights_are_refused_with_blocks(checkpoint):
     with pytest.raises(BadInputError, match=r"--prefill-dtype bfloat16.*q8_0 blocks"):
         Engine.load(str(checkpoint), weights="q8", prefill_dtype="bfloat16")

@@ -237,6 +237,11 @@ def load(
         _refuse_remote_code(where)
     lm: Any = None
     if not no_lean:
+        if weights == "auto" and choice == "native":
+            why = lean_model.unsupported(lean_model.read_config(where), where)
+            if why:
+                log.info("%s loads its float32 copy, not its blocks: %s", model, why)
+                choice = "f32"
         gguf = gguf_path(ALIASES[model]) if choice == "native" else None
         lm = lean_model.load(where, torch_dtype, weights=choice, gguf=gguf)
     tok: Any = tokenizer.load(where)
