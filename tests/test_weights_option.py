@@ -121,6 +121,14 @@ def test_quantized_weights_are_blocks_close_to_float32(checkpoint, f32, choice):
         assert agree >= 0.9
 
 
+def test_a_matrix_that_does_not_split_into_blocks_is_named():
+    tensors = {"model.layers.3.mlp.down_proj.weight": torch.ones(4, 40)}
+    with pytest.raises(BadInputError, match=r"down_proj.weight of m \(shape \(4, 40\)\)"):
+        stored.quantize(tensors, "q8", "m")
+    norm = {"model.layers.3.input_layernorm.weight": torch.ones(40)}
+    assert stored.quantize(norm, "q8", "m") == norm  # norms stay float32
+
+
 def test_q8_decoding_is_exact_and_speculation_keeps_it(checkpoint, tmp_path):
     """Greedy speculation on a q8 model emits plain decoding's tokens, and plain decoding
     on the blocks emits what a float32 model of their de-quantized values does."""

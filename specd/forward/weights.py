@@ -42,8 +42,8 @@ LAYER_MATRICES = (
     "mlp.up_proj",
     "mlp.down_proj",
 )
-#: Short names of float tensor dtypes, as :func:`format_of` names them.
-#: (bfloat16 tensors hold the same bytes as ``bf16`` blocks).
+#: Short names of float tensor dtypes, as :func:`format_of` names them (bfloat16 tensors
+#: hold the same bytes as ``bf16`` blocks).
 DENSE = {
     "torch.float32": "f32",
     "torch.float64": "f64",
