@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import save_file
 from test_lean_load import hf_model, write_tokenizer
 
-from specd import BadInputError, Engine, SamplingParams
+from specd import BadInputError, Engine, ModelNotFoundError, SamplingParams
 from specd.cli import build_parser, main
 from specd.forward import blocks, models
 from specd.forward import weights as stored
@@ -127,6 +127,20 @@ def test_a_matrix_that_does_not_split_into_blocks_is_named():
         stored.quantize(tensors, "q8", "m")
     norm = {"model.layers.3.input_layernorm.weight": torch.ones(40)}
     assert stored.quantize(norm, "q8", "m") == norm  # norms stay float32
+
+
+def test_a_gguf_file_whose_heads_differ_from_its_converted_copy_is_refused(checkpoint, monkeypatch):
+    """The q and k rows are put back in order by the file's head counts; a converted copy
+    that says otherwise (a stale cache) would run them in the wrong order."""
+    from specd.forward.lean_model import read_config
+
+    cfg = read_config(checkpoint)  # 4 heads, 2 key/value heads
+    read = {"head_count": 4, "head_count_kv": 2}
+    monkeypatch.setattr(blocks, "read_gguf", lambda path: ({"t": 1}, read))
+    assert stored.read_gguf(Path("m.gguf"), cfg, checkpoint) == {"t": 1}
+    read["head_count_kv"] = 4
+    with pytest.raises(ModelNotFoundError, match="head_count_kv 4 .* says 2"):
+        stored.read_gguf(Path("m.gguf"), cfg, checkpoint)
 
 
 def test_q8_decoding_is_exact_and_speculation_keeps_it(checkpoint, tmp_path):
