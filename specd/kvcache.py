@@ -152,6 +152,7 @@ class KVCache:
     ) -> None:
         """:param dtype: what keys and values are stored as (default: as the first written)."""
         self._layers = [_GrowingLayer(capacity, dtype) for _ in range(num_layers)]
+        self.dtype = dtype
         self._hf: Any = None
         #: The target's features (last hidden states) of positions ``0..F-1`` (``F <=
         #: length``), kept for drafters that read them; None when they are not known.
@@ -183,6 +184,16 @@ class KVCache:
         be prefilled), instead of doubling buffers and copying them chunk by chunk."""
         for layer in self._layers:
             layer.reserve(needed)
+
+    def initialize(self, kv_heads: int, head_dim: int, device: torch.device | str = "cpu") -> None:
+        """Allocate every layer's buffers before anything is written (a step that writes
+        into :meth:`buffers` itself from the first position on); a written cache is left as
+        it is."""
+        for layer in self._layers:
+            if not layer.is_initialized:
+                dtype = self.dtype or torch.float32
+                empty = torch.empty(1, kv_heads, 0, head_dim, dtype=dtype, device=device)
+                layer.lazy_initialization(empty, empty)
 
     def buffers(self, needed: int) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
         """Every layer's whole key and value buffers ``[B, H, capacity, D]``, with room for

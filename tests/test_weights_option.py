@@ -14,7 +14,7 @@ from test_lean_load import hf_model, write_tokenizer
 
 from specd import BadInputError, Engine, ModelNotFoundError, SamplingParams
 from specd.cli import build_parser, main
-from specd.forward import blocks, models
+from specd.forward import blocks, cpu_kernels, models
 from specd.forward import weights as stored
 from specd.forward.blocks import BlockWeight
 from specd.forward.target import Target
@@ -260,3 +260,39 @@ def test_the_default_model_keeps_its_blocks(monkeypatch):
         want = dense.get_decoder().layers[0].get_submodule(name).weight
         assert torch.equal(got, want), name
     assert torch.equal(embed[:64], dense.get_decoder().embed_tokens.weight[:64])
+
+
+@pytest.mark.skipif(not cpu_kernels.available(), reason=f"no CPU kernels: {cpu_kernels.reason}")
+def test_a_short_prompt_on_blocks_prefills_through_the_step_kernel(tmp_path):
+    """On blocks, a short prompt runs as passes of 16 tokens of the step kernel (any other
+    pass multiplies by a float32 copy of every weight), and fills the cache with what the
+    eager prefill writes, to float32 rounding."""
+    from test_lean_load import VOCAB
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(3)
+    cfg = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        tie_word_embeddings=True,
+    )  # fmt: skip
+    LlamaForCausalLM(cfg).eval().save_pretrained(tmp_path)  # 16-wide heads: the kernel's
+    write_tokenizer(tmp_path)
+    checkpoint = tmp_path
+    stepped = models.load_target(str(checkpoint), weights="q8")
+    step = stepped.compile("on", backend="kernel")
+    assert step is not None and step.ready, step and step.reason
+    eager = models.load_target(str(checkpoint), weights="q8")
+    caches = []
+    for target in (stepped, eager):
+        cache = target.new_cache()
+        target.prefill(cache, PROMPT)
+        caches.append(cache)
+        out = target.forward(cache, [PROMPT[0]], eager=True).logits
+        caches.append(out)
+    assert step.served == -(-len(PROMPT) // 16)  # every prefill pass ran the kernel
+    assert caches[0].length == caches[2].length == len(PROMPT) + 1
+    assert torch.allclose(caches[1], caches[3], rtol=1e-4, atol=1e-4)
+    long = list(range(300))
+    assert stepped._prefill_steps(len(PROMPT)) and not stepped._prefill_steps(len(long))
+    assert not eager._prefill_steps(len(PROMPT))  # no kernel step compiled

@@ -85,7 +85,7 @@ class KernelStep:
         mask: torch.Tensor | None,
     ) -> PassOut | None:
         t = ids.shape[1]
-        if self._kernel is None or not 1 <= t <= self.max_tokens or cache.length == 0:
+        if self._kernel is None or not 1 <= t <= self.max_tokens:
             return None
         out = decode_step.run(self._kernel, self.fast, cache, ids, position_ids, mask)
         if out is not None:

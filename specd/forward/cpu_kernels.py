@@ -41,6 +41,7 @@ from .kernel_build import ISAS, OFF, Unavailable
 
 __all__ = [
     "HEAD_DIM", "ISAS", "MIN_TOKENS", "OFF", "STEP_TOKENS", "attention", "available", "buffer",
+    "dequantize",
     "isa", "reason", "runnable_isas", "step_function", "step_work_floats", "supports", "use",
 ]  # fmt: skip
 
@@ -64,6 +65,7 @@ class _Library:
     attention: Any
     step: Any
     step_work: Any
+    dequantize: Any
 
 
 _lock = threading.Lock()
@@ -183,6 +185,26 @@ def step_function() -> Any:
     return _library().step
 
 
+def dequantize(
+    data_ptr: int, code: int, rows: int, cols: int, scratch: bool = False
+) -> torch.Tensor:
+    """The float32 values ``[rows, cols]`` of a weight stored at ``data_ptr`` in the step
+    kernel's format ``code`` (``specd_dequantize``: the values the step multiplies with, on
+    torch's threads).
+
+    :param scratch: into this thread's kept buffer (:func:`buffer`), valid until the next
+        such call: a product that drops the copy right after it, without faulting in fresh
+        pages for every weight of every pass.
+    :raises RuntimeError: the kernels are not available here, saying why.
+    """
+    if scratch:
+        out = buffer("dequantize", rows * cols)[: rows * cols].view(rows, cols)
+    else:
+        out = torch.empty(rows, cols, dtype=torch.float32)
+    _library().dequantize(data_ptr, code, rows, cols, out.data_ptr(), torch.get_num_threads())
+    return out
+
+
 def step_work_floats(
     hidden: int, inter: int, heads: int, kv_heads: int, head_dim: int, tokens: int, past: int,
     threads: int,
@@ -269,13 +291,16 @@ def _open(lib: Path) -> _Library:
         ptr, ptr, ptr, ctypes.c_int,  # logits, hidden, work, threads
     ]  # fmt: skip
     step.restype = None
+    dequantize = dll.specd_dequantize
+    dequantize.argtypes = [ptr, ctypes.c_int32, i64, i64, ptr, ctypes.c_int]
+    dequantize.restype = None
     work = dll.specd_decode_step_work
     work.argtypes = [i64, i64, i64, i64, i64, i64, i64, ctypes.c_int]
     work.restype = i64
     if dll.specd_decode_step_max_tokens() != STEP_TOKENS:
         raise RuntimeError(f"{lib} was built for another step size")
     dll.specd_kernel_isa.restype = ctypes.c_char_p
-    return _Library(dll.specd_kernel_isa().decode(), fn, step, work)
+    return _Library(dll.specd_kernel_isa().decode(), fn, step, work, dequantize)
 
 
 def _reset() -> None:

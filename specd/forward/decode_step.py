@@ -238,6 +238,8 @@ def run(
         if bool(mask[0, 0, :, :past].any()):  # a cached position hidden
             return None
         tree = mask[0, 0, :, past:] == 0
+    if past == 0:  # nothing written yet: the step writes the first positions itself
+        cache.initialize(fast.n_kv, fast.head_dim)
     buffers = cache.buffers(past + t)
     if buffers is None:
         return None

@@ -217,6 +217,13 @@ class FastDecoder:
         Which one runs is measured when the decoder is built, and so is which passes use
         the prepacked weights (:meth:`pack`).
         """
+        if isinstance(w, BlockWeight):  # a float32 copy for this product, then dropped
+            values = (
+                cpu_kernels.dequantize(w.data_ptr(), w.fmt.code, *w.shape, scratch=True)
+                if w.data.device.type == "cpu" and cpu_kernels.available()
+                else w.dequantize()
+            )
+            return F.linear(x, values, b)
         lead = x.shape[:-1]
         rows = x.reshape(-1, x.shape[-1])
         n = rows.shape[0]

@@ -29,6 +29,10 @@ PREFILL_CHUNK = 256
 #: attention needs no mask there, and the matrix products run at their most efficient size
 #: (1,024 tokens: 1.6 s in one pass, 1.8 s in chunks of 256, on a 2-core CPU).
 FIRST_CHUNK = 2048
+#: Prompts up to this many tokens on weights stored as blocks prefill as passes of the step
+#: kernel (16 tokens each); longer ones multiply by float32 copies of the weights, made once
+#: per pass of :data:`PREFILL_CHUNK` tokens.
+STEP_PREFILL_TOKENS = 256
 #: ``--compile`` choices.
 COMPILE_MODES = ("auto", "off", "on", "background")
 #: ``--packed-weights`` choices.
@@ -223,15 +227,33 @@ class Target:
         """
         # One allocation for the prompt and a first stretch of decoding.
         cache.reserve(cache.length + len(tokens) + PREFILL_CHUNK)
-        for start, end in prefill_pieces(cache.length, len(tokens)):
+        stepped = self._prefill_steps(len(tokens))
+        chunk = self.compiled.max_tokens if stepped and self.compiled else PREFILL_CHUNK
+        for start, end in prefill_pieces(cache.length, len(tokens), chunk, first=stepped):
             why = stop() if stop is not None else ""
             if why:
                 return why
-            chunk = list(tokens[start:end])
-            out = self._run(cache, chunk, None, keep=1, hidden=hidden is not None, logits=False)
+            piece = list(tokens[start:end])
+            if stepped:
+                out = self._run(cache, piece, None, keep=0, hidden=hidden is not None)
+            else:
+                out = self._run(cache, piece, None, keep=1, hidden=hidden is not None, logits=False)
             if hidden is not None and out.hidden is not None:
                 hidden.append(out.hidden)
         return ""
+
+    def _prefill_steps(self, n: int) -> bool:
+        """Whether a prefill of ``n`` tokens runs as passes of the step kernel: where the
+        weights are blocks and the prompt is short (:data:`STEP_PREFILL_TOKENS`), since any
+        other pass multiplies by a float32 copy of every weight, made for that pass."""
+        return (
+            self.fast is not None
+            and self.fast.quantized
+            and self.compiled is not None
+            and self.compiled.ready
+            and self.compiled.backend == "kernel"
+            and n <= STEP_PREFILL_TOKENS
+        )
 
     @torch.inference_mode()
     def forward(
@@ -349,12 +371,16 @@ class Target:
         return ForwardOut(logits=res.logits[0], hidden=hs)  # [T, V]
 
 
-def prefill_pieces(past: int, n: int, chunk: int = PREFILL_CHUNK) -> list[tuple[int, int]]:
+def prefill_pieces(
+    past: int, n: int, chunk: int = PREFILL_CHUNK, *, first: bool = False
+) -> list[tuple[int, int]]:
     """``[start, end)`` of each pass that prefills ``n`` tokens after ``past`` cached ones:
-    :data:`FIRST_CHUNK` for the first when the cache is empty, ``chunk`` after that."""
+    :data:`FIRST_CHUNK` for the first when the cache is empty (``first``: ``chunk`` for
+    that one too), ``chunk`` after that."""
     pieces, start = [], 0
     while start < n:
-        end = min(n, start + (FIRST_CHUNK if past + start == 0 else chunk))
+        size = FIRST_CHUNK if past + start == 0 and not first else chunk
+        end = min(n, start + size)
         pieces.append((start, end))
         start = end
     return pieces

@@ -376,6 +376,32 @@ extern "C" {
 
 int64_t specd_decode_step_max_tokens() { return MAX_T; }
 
+// out [rows, K] = the float32 values of a weight stored as `format` (see Format), the
+// exact values the step multiplies with: a prefill's products on a float copy, made once.
+void specd_dequantize(const void* weight, int32_t format, int64_t rows, int64_t K, float* out,
+                      int threads) {
+    auto run = [&](auto fmt) {
+        using F = decltype(fmt);
+        const int64_t rb = F::row_bytes(K);
+#pragma omp parallel for num_threads(threads) schedule(static)
+        for (int64_t r = 0; r < rows; r++) {
+            const uint8_t* row = (const uint8_t*)weight + r * rb;
+            for (int64_t b = 0, k = 0; k < K; b++, k += F::N) {
+                V16 w[F::V];
+                F::decode(row + b * F::BYTES, w);
+                for (int v = 0; v < F::V; v++) vstore(out + r * K + k + 16 * v, w[v]);
+            }
+        }
+    };
+    switch (format) {
+        case Q4_0: run(Q4_0Rows{}); break;
+        case Q4_1: run(Q4_1Rows{}); break;
+        case Q8_0: run(Q8_0Rows{}); break;
+        case BF16: run(BF16Rows{}); break;
+        default: run(F32Rows{}); break;
+    }
+}
+
 // The instruction set this library was built for: "avx512", "avx2", "neon" or "scalar".
 const char* specd_kernel_isa() { return specd::ISA; }
 
@@ -394,7 +420,8 @@ int64_t specd_decode_step_work(int64_t H, int64_t I, int64_t Hq, int64_t KV, int
 // at their positions; past: positions already cached (the new tokens' keys and values go
 // to positions past .. past + T - 1); tree: [T, T] bytes, nonzero where new token i sees
 // new token j, or null for a chain. norm: the final norm's weight; lm [V, H] stored as
-// lm_format, lm_b [V] or null. Writes logits [T, V] and hidden [T, H] (the final norm's output). work:
+// lm_format, lm_b [V] or null. Writes logits [T, V] (unless logits is null) and hidden
+// [T, H] (the final norm's output). work:
 // specd_decode_step_work floats. Sizes H, I, D multiples of 16 (of 32 where a product's
 // input runs along blocks); Hq a multiple of KV; 1 <= T <= MAX_T.
 void specd_decode_step(const void* const* layers, const int32_t* formats, int64_t L,
@@ -506,8 +533,10 @@ void specd_decode_step(const void* const* layers, const int32_t* formats, int64_
         }
         for (int64_t i = 0; i < T; i++) rmsnorm(h + i * H, norm, H, eps, xn + i * H);
         if (t == 0) memcpy(hidden, xn, T * H * sizeof(float));
-        share(V, t, nt, &lo, &hi);
-        rows(Weight{lm, lm_format}, lm_b, H, xn, H, T, lo, hi, logits, V);
+        if (logits != nullptr) {  // none for a prefill's passes: nobody reads them
+            share(V, t, nt, &lo, &hi);
+            rows(Weight{lm, lm_format}, lm_b, H, xn, H, T, lo, hi, logits, V);
+        }
     }
 }
 
