@@ -32,7 +32,7 @@ CONTRACT = (
 def test_top_level_contract(report):
     assert {"workload", "machine", "floor", "results"} <= set(report)
     assert report["workload"] == "humaneval"
-    assert {"step_s", "floor_s", "copy_gb_s", "pass_ratio"} <= set(report["floor"])
+    assert {"step_s", "floor_s", "read_gb_s", "copy_gb_s", "pass_ratio"} <= set(report["floor"])
     # verify passes of several tokens, each against the same trial's one-token step
     assert list(report["floor"]["pass_ratio"]) == [2, 4, 8]
     assert all(r > 0 for r in report["floor"]["pass_ratio"].values())
