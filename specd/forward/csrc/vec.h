@@ -138,9 +138,10 @@ inline V16 vsum16(const V16* v) {
 // The 16 bytes at p as 32 four-bit values: byte j's low nibble is value j, its high nibble
 // value j + 16 (ggml's Q4 layout).
 inline void vload_u4(const uint8_t* p, V16* lo, V16* hi) {
-    const __m128i b = _mm_loadu_si128((const __m128i*)p), mask = _mm_set1_epi8(15);
-    lo->v = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(b, mask)));
-    hi->v = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(b, 4), mask)));
+    // one widening (the shuffle port's work) for both halves
+    const __m512i w = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p));
+    lo->v = _mm512_cvtepi32_ps(_mm512_and_si512(w, _mm512_set1_epi32(15)));
+    hi->v = _mm512_cvtepi32_ps(_mm512_srli_epi32(w, 4));
 }
 // 16 signed bytes.
 inline V16 vload_i8(const int8_t* p) {
@@ -254,12 +255,13 @@ inline V16 vsum16(const V16* v) {
 }
 
 // Quantized weights, decoded to floats (as AVX-512's).
-inline __m256 u8x8(__m128i b) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)); }
 inline void vload_u4(const uint8_t* p, V16* lo, V16* hi) {
-    const __m128i b = _mm_loadu_si128((const __m128i*)p), mask = _mm_set1_epi8(15);
-    const __m128i l = _mm_and_si128(b, mask), h = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
-    *lo = {u8x8(l), u8x8(_mm_srli_si128(l, 8))};
-    *hi = {u8x8(h), u8x8(_mm_srli_si128(h, 8))};
+    // one widening per eight bytes for both halves
+    const __m128i b = _mm_loadu_si128((const __m128i*)p);
+    const __m256i w0 = _mm256_cvtepu8_epi32(b), w1 = _mm256_cvtepu8_epi32(_mm_srli_si128(b, 8));
+    const __m256i mask = _mm256_set1_epi32(15);
+    *lo = {_mm256_cvtepi32_ps(_mm256_and_si256(w0, mask)), _mm256_cvtepi32_ps(_mm256_and_si256(w1, mask))};
+    *hi = {_mm256_cvtepi32_ps(_mm256_srli_epi32(w0, 4)), _mm256_cvtepi32_ps(_mm256_srli_epi32(w1, 4))};
 }
 inline V16 vload_i8(const int8_t* p) {
     const __m128i b = _mm_loadu_si128((const __m128i*)p);
