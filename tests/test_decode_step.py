@@ -316,3 +316,34 @@ def test_a_norm_as_blocks_is_refused_naming_it():
         DecodeStep(layers, fast.embed, fast.norm, fast.lm_head, None, heads=fast.n_heads,
                    kv_heads=fast.n_kv, head_dim=fast.head_dim, eps=fast.eps,
                    scale=fast.scaling)  # fmt: skip
+
+
+@needs_kernel
+def test_a_passed_check_is_remembered_per_model_and_build(monkeypatch, tmp_path):
+    """A start does not re-run the kernel's check against the eager pass for a model and
+    build that passed it on this machine; another model, another build or
+    SPECD_PRICE_CACHE=off checks again."""
+    from specd.forward import compiled
+
+    monkeypatch.setenv("SPECD_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("SPECD_PRICE_CACHE", raising=False)
+    calls = []
+    real = compiled.check
+    monkeypatch.setattr(compiled, "check", lambda *a, **k: calls.append(1) or real(*a, **k))
+
+    def start(seed: int = 5):
+        step = Target(_model(seed=seed), CharTokenizer(VOCAB)).compile("on", backend="kernel")
+        assert step is not None and step.ready
+        return step
+
+    start()
+    start()  # the next start
+    assert len(calls) == 1
+    start(seed=6)  # other weights
+    assert len(calls) == 2
+    monkeypatch.setattr(cpu_kernels, "library_file", lambda: "kernels-other.so")
+    start()
+    assert len(calls) == 3
+    monkeypatch.setenv("SPECD_PRICE_CACHE", "off")
+    start()
+    assert len(calls) == 4

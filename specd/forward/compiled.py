@@ -37,7 +37,7 @@ from torch.fx.experimental import _config as fx_config
 
 from ..errors import BadInputError
 from ..kvcache import KVCache
-from . import decode_step
+from . import decode_step, pricing
 from .fastpath import FastDecoder
 from .static_graph import GraphStep
 from .step import MAX_TOKENS, Buffers, EagerStep, PassOut, StepBackend, check, fixed_pass, new_block
@@ -72,10 +72,18 @@ class KernelStep:
         except (ValueError, RuntimeError) as e:  # sizes, weights or a host it does not take
             self.off = str(e)
 
+    #: what a passed check is remembered under (:func:`.pricing.check_passed`); None: check
+    #: at every load
+    verdict: dict | None = None
+
     def prepare(self, new_cache: Callable[[], KVCache]) -> None:
         if self._kernel is None:
             raise RuntimeError(self.off)
+        if self.verdict is not None and pricing.check_passed(self.verdict):
+            return  # this build passed on this model and machine: a start need not re-run it
         check(self, self.fast, new_cache)
+        if self.verdict is not None:
+            pricing.record_check(self.verdict)
 
     def run(
         self,

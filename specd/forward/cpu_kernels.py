@@ -41,7 +41,7 @@ from .kernel_build import ISAS, OFF, Unavailable
 
 __all__ = [
     "HEAD_DIM", "ISAS", "MIN_TOKENS", "OFF", "STEP_TOKENS", "attention", "available", "buffer",
-    "dequantize",
+    "dequantize", "library_file",
     "isa", "reason", "runnable_isas", "step_function", "step_work_floats", "supports", "use",
 ]  # fmt: skip
 
@@ -66,6 +66,7 @@ class _Library:
     step: Any
     step_work: Any
     dequantize: Any
+    file: str  # the library's file name: the build's sources, flags and compiler, hashed
 
 
 _lock = threading.Lock()
@@ -174,6 +175,12 @@ def attention(
         hq, kv, t, past, scale, scratch.data_ptr(), ld, torch.get_num_threads(),
     )  # fmt: skip
     return out.transpose(1, 2)
+
+
+def library_file() -> str:
+    """The file name of the build in use (it names a hash of its sources, flags and
+    compiler), or "" where none loads."""
+    return _current.file if available() and _current is not None else ""
 
 
 def step_function() -> Any:
@@ -300,7 +307,7 @@ def _open(lib: Path) -> _Library:
     if dll.specd_decode_step_max_tokens() != STEP_TOKENS:
         raise RuntimeError(f"{lib} was built for another step size")
     dll.specd_kernel_isa.restype = ctypes.c_char_p
-    return _Library(dll.specd_kernel_isa().decode(), fn, step, work, dequantize)
+    return _Library(dll.specd_kernel_isa().decode(), fn, step, work, dequantize, lib.name)
 
 
 def _reset() -> None:

@@ -10,6 +10,7 @@ of tensor operations per layer. It is used for the architectures listed in
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -161,6 +162,16 @@ class FastDecoder:
         # On a CPU, a compiled one-token step (specd.compiled) computes products and
         # attention as plain reductions the compiler fuses.
         self._cpu = self.embed.device.type == "cpu"
+
+    def fingerprint(self) -> str:
+        """A short hash of a few of the weights (the norms, the first rows of the first and
+        last layers' products): two models alike in name and size tell apart."""
+        h = hashlib.sha256()
+        first, last = self.layers[0], self.layers[-1]
+        for w in (self.norm, first.ln1, last.ln2, first.wq, last.wd):
+            rows = w.data[:2] if isinstance(w, BlockWeight) else w.detach()[:2]
+            h.update(rows.contiguous().cpu().view(torch.uint8).numpy().tobytes())
+        return h.hexdigest()[:16]
 
     @property
     def weight_major(self) -> bool:

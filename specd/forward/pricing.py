@@ -170,9 +170,9 @@ def _cache_off() -> bool:
     return os.environ.get("SPECD_PRICE_CACHE", "").strip().lower() in ("0", "off", "false", "no")
 
 
-def _path(key: dict) -> os.PathLike:
+def _path(key: dict, kind: str = "prices") -> os.PathLike:
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return cache_dir() / "prices" / f"{digest}.json"
+    return cache_dir() / kind / f"{digest}.json"
 
 
 def saved(key: dict) -> PassCosts | None:
@@ -198,11 +198,33 @@ def saved(key: dict) -> PassCosts | None:
 
 def save(key: dict, costs: PassCosts) -> None:
     """Keep ``costs`` under ``key`` for the next start (a failure to write is logged)."""
+    data = {"backend": costs.backend, "prices": {str(n): c for n, c in costs.prices.items()}}
+    _keep(_path(key), key, data)
+
+
+def check_passed(key: dict) -> bool:
+    """Whether the step kernel's check against the eager pass (:func:`.step.check`) passed
+    for ``key`` (the model, the machine and the kernel's library, :func:`key`) within
+    :data:`KEEP_S`; never with ``SPECD_PRICE_CACHE=off``."""
+    if _cache_off():
+        return False
+    try:
+        with open(_path(key, "checks"), encoding="utf-8") as f:
+            data = json.load(f)
+        return data.get("key") == key and time.time() - float(data["saved_at"]) <= KEEP_S
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def record_check(key: dict) -> None:
+    """Remember that the check passed for ``key``, so the next start skips it."""
+    _keep(_path(key, "checks"), key, {})
+
+
+def _keep(path: os.PathLike, key: dict, data: dict) -> None:
     if _cache_off():
         return
-    path = _path(key)
-    data = {"key": key, "saved_at": time.time(), "backend": costs.backend,
-            "prices": {str(n): c for n, c in costs.prices.items()}}  # fmt: skip
+    data = {"key": key, "saved_at": time.time(), **data}
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = f"{path}.{os.getpid()}.tmp"
@@ -210,4 +232,4 @@ def save(key: dict, costs: PassCosts) -> None:
             json.dump(data, f)
         os.replace(tmp, path)
     except OSError as e:
-        log.info("verify pass prices not saved: %s", e)
+        log.info("%s not kept: %s", path, e)

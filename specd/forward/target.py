@@ -14,9 +14,9 @@ import torch.nn.functional as F
 
 from ..errors import BadInputError
 from ..kvcache import KVCache
-from . import fastpath, lean_model, pricing, products
+from . import cpu_kernels, fastpath, lean_model, pricing, products
 from .blocks import BlockWeight
-from .compiled import CompiledStep, choose
+from .compiled import CompiledStep, KernelStep, choose
 from .fastpath import FastDecoder
 from .pricing import PassCosts
 from .step import EagerStep
@@ -163,6 +163,12 @@ class Target:
             chosen = choose(self.fast, backend, slow=mode != "auto")
             if isinstance(chosen, EagerStep):
                 return None
+            if isinstance(chosen, KernelStep):
+                chosen.verdict = {
+                    **pricing.key(self, "kernel"),
+                    "library": cpu_kernels.library_file(),
+                    "weights": self.fast.fingerprint(),
+                }
             self.compiled = CompiledStep(self.fast, chosen)
             self.compiled.prepare(self.new_cache, background=mode == "background")
         return self.compiled
