@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from .configs import Config
-from .runners import Run
+from .run import Run
 from .workloads import Prompt
 
 #: Extra context past the prompt and its new tokens: the binding appends a whole draft to
