@@ -6,8 +6,12 @@ import argparse
 import json
 import sys
 
+from ..forward.weights import QUANTIZED  # imports no model library
 from ..options import EXIT_CHECK_FAILED, EXIT_OK, parse_options
 from .results import Result
+
+#: ``--weights`` values, the default first (:data:`.engine_scenarios.WEIGHTS`).
+WEIGHT_CHOICES = ("f32", *QUANTIZED)
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -37,17 +41,20 @@ def cmd_verify(args: argparse.Namespace) -> int:
         seed=args.seed,
         thorough=args.thorough,
         keep_going=args.keep_going,
+        weights=args.weights,
         on_result=show,
     )
+    # The weights matter only to the drafter's checks: the verifier's use synthetic targets.
+    on = f" on {report.weights} weights" if args.drafter else ""
     if args.json:
         print(json.dumps(report.as_json(), default=str))
     elif report.passed:
         checked = f"drafter {args.drafter!r} with " if args.drafter else ""
         modes = ", ".join(f"{v} ({m})" for m, v in report.verifiers.items())
-        print(f"specd verify: every property holds for {checked}{modes}")
+        print(f"specd verify: every property holds for {checked}{modes}{on}")
     else:
         failed = ", ".join(r.property for r in report.failures())
-        print(f"specd verify: FAILED {failed}", file=sys.stderr)
+        print(f"specd verify: FAILED {failed}{on}", file=sys.stderr)
     return EXIT_OK if report.passed else EXIT_CHECK_FAILED
 
 
@@ -82,6 +89,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="drafter constructor option (repeatable); overrides the drafter's conformance_options",
+    )
+    p.add_argument(
+        "--weights",
+        choices=WEIGHT_CHOICES,
+        default="f32",
+        help="how the drafter's tiny target stores its matrices: f32 (its float64 weights, the "
+        "default) or bf16 | q8 | q4 (blocks quantized from them, computing in float32; the "
+        "target's law is enumerated from the quantized model itself)",
     )
     p.add_argument("--seed", type=int, default=0, help="base seed of every check (default: 0)")
     p.add_argument(

@@ -343,13 +343,15 @@ def drafter_checks(
     modes: Collection[str] = ("greedy", "sampled"),
     seed: int = 0,
     thorough: bool = False,
+    weights: str = "f32",
 ) -> Iterator[Result]:
     """``drafter/q-honesty`` at the settings of :data:`Q_SETTINGS` the decoding ``modes``
-    ("greedy", "sampled") cover, stopping at a failure."""
+    ("greedy", "sampled") cover, stopping at a failure; ``weights`` says how the target's
+    matrices are stored (:data:`.engine_scenarios.WEIGHTS`)."""
     calls = Q_CALLS * (THOROUGH_FACTOR if thorough else 1)
     settings = [s for s in Q_SETTINGS if ("greedy" if s.temperature == 0 else "sampled") in modes]
     with captured_errors() as capture:
-        bench = EngineBench(drafter, options, None)
+        bench = EngineBench(drafter, options, None, weights)
         contexts = [
             ("its cycle", conformance_prompt(bench.target)),
             ("no repeats", list(FRESH_PROMPT)),

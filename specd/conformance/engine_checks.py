@@ -1,7 +1,8 @@
 """Checks of a drafter (with a verifier) end to end, through :class:`specd.Engine`.
 
-The target is a tiny random Llama over eight tokens. Its sequence law over a short horizon
-is enumerated exactly (float64 model, the same :func:`specd.sampling.warp` the engine uses)
+The target is a tiny random Llama over eight tokens (float64, or its matrices stored as
+quantized blocks with ``--weights``). Its sequence law over a short horizon is enumerated
+exactly (from that same target, with the same :func:`specd.sampling.warp` the engine uses)
 and compared with sequences the engine samples with speculation on. At temperature 0 the
 engine's output must equal plain greedy decoding token for token.
 """
@@ -84,12 +85,17 @@ def captured_errors() -> Iterator[ErrorCapture]:
 
 
 class EngineBench:
-    """One engine over the conformance target for a drafter, with errors captured."""
+    """One engine over the conformance target for a drafter, with errors captured.
 
-    def __init__(self, drafter: str, options: dict[str, Any], verifier: str | None) -> None:
+    :param weights: how the target's matrices are stored (:data:`.engine_scenarios.WEIGHTS`).
+    """
+
+    def __init__(
+        self, drafter: str, options: dict[str, Any], verifier: str | None, weights: str = "f32"
+    ) -> None:
         self.drafter = drafter
         self.verifier = verifier
-        self.target = conformance_target()
+        self.target = conformance_target(weights)
         self.engine = Engine(
             self.target,
             drafter=drafter,
@@ -125,23 +131,32 @@ def engine_checks(
     verifiers: dict[str, str],
     seed: int = 0,
     thorough: bool = False,
+    weights: str = "f32",
 ) -> Iterator[Result]:
     """Greedy identity (when a greedy verifier is given), then the sampled laws and seeding
-    (when a sampled one is); ``thorough`` samples more sequences per scenario."""
+    (when a sampled one is); ``thorough`` samples more sequences per scenario, ``weights``
+    says how the target's matrices are stored (:data:`.engine_scenarios.WEIGHTS`)."""
     if "greedy" in verifiers:
-        yield check_greedy_identity(drafter, options, verifiers["greedy"])
+        yield check_greedy_identity(drafter, options, verifiers["greedy"], weights=weights)
     if "sampled" in verifiers:
         yield from check_sampled(
-            drafter, options, verifiers["sampled"], engine_scenarios(thorough), seed=seed
+            drafter,
+            options,
+            verifiers["sampled"],
+            engine_scenarios(thorough),
+            seed=seed,
+            weights=weights,
         )
 
 
-def check_greedy_identity(drafter: str, options: dict[str, Any], verifier: str) -> Result:
+def check_greedy_identity(
+    drafter: str, options: dict[str, Any], verifier: str, weights: str = "f32"
+) -> Result:
     """At temperature 0 the engine with the drafter emits what plain greedy decoding emits."""
     prop, subject = "engine/greedy-identity", f"drafter {drafter} with verifier {verifier}"
     with captured_errors() as capture:
         t0 = time.perf_counter()
-        bench = EngineBench(drafter, options, verifier)
+        bench = EngineBench(drafter, options, verifier, weights)
         params = SamplingParams(temperature=0.0, max_tokens=GREEDY_TOKENS)
         prompts = [conformance_prompt(bench.target), [1, 6, 2, 7, 3], [5]]
         drafted = 0
@@ -187,12 +202,13 @@ def check_sampled(
     verifier: str,
     scenarios: Sequence[EngineScenario] = SCENARIOS,
     seed: int = 0,
+    weights: str = "f32",
 ) -> Iterator[Result]:
     """For each scenario, sampled sequences over the horizon follow the target's exact law;
     then drafts were made and accepted, and the same seed gives the same sequence."""
     subject = f"drafter {drafter} with verifier {verifier}"
     with captured_errors() as capture:
-        bench = EngineBench(drafter, options, verifier)
+        bench = EngineBench(drafter, options, verifier, weights)
         totals: Counter[str] = Counter()
         first: dict[int, tuple[EngineScenario, list[int]]] = {}
         for scenario in scenarios:

@@ -2,7 +2,8 @@
 scenarios whose sequences are compared with that law.
 
 The target is :func:`specd.forward.tiny.tiny_model` (seed 0, float64) over eight tokens with its
-output layer scaled so its distributions are peaked like a trained model's. Over a short
+output layer scaled so its distributions are peaked like a trained model's; ``specd verify
+--weights`` stores its matrices as quantized blocks instead (:data:`WEIGHTS`). Over a short
 horizon its sequence law is enumerated exactly: the target run on every prefix, warped with
 :func:`specd.sampling.warp` as the engine warps it.
 """
@@ -15,22 +16,43 @@ from typing import Any
 
 import torch
 
+from ..errors import BadInputError
 from ..forward.target import Target
-from ..forward.tiny import tiny_target
+from ..forward.tiny import tiny_blocks_target, tiny_target
+from ..forward.weights import QUANTIZED
 from ..sampling import SamplingParams, warp
 
 VOCAB = 8
 HORIZON = 4
 MAX_DRAFT = 3
 TARGET_LOGIT_SCALE = 8.0
+#: ``specd verify --weights`` values, the default first, and how each stores the conformance
+#: target's matrices: ``f32`` keeps the float weights (float64, the suite's exact default),
+#: the others quantize them to blocks (:data:`specd.forward.weights.QUANTIZED`).
+WEIGHTS = {"f32": "f64", **QUANTIZED}
 
 
-def conformance_target() -> Target:
+def check_weights(weights: str) -> str:
+    """``weights`` when it is a :data:`WEIGHTS` value; BadInputError listing them otherwise."""
+    if weights not in WEIGHTS:
+        raise BadInputError(f"unknown --weights {weights!r}; choose one of {', '.join(WEIGHTS)}")
+    return weights
+
+
+def conformance_target(weights: str = "f32") -> Target:
     """The tiny target every engine check uses: :func:`specd.forward.tiny.tiny_model` with seed 0
     in float64, its output layer scaled so its distributions are peaked like a trained
     model's. The ``draft_model`` drafter's ``tiny:0`` (the same weights, scaled less) is a
-    flatter draft model of it."""
-    return tiny_target(VOCAB, seed=0, logit_scale=TARGET_LOGIT_SCALE)
+    flatter draft model of it.
+
+    :param weights: ``f32`` for those float weights; ``bf16``, ``q8`` or ``q4`` for the same
+        model with its matrices stored as blocks of that format, computing in float32
+        (:func:`specd.forward.tiny.tiny_blocks_target`): its law is then enumerated from
+        the quantized target itself, so the checks are of the engine on those weights.
+    """
+    if check_weights(weights) == "f32":
+        return tiny_target(VOCAB, seed=0, logit_scale=TARGET_LOGIT_SCALE)
+    return tiny_blocks_target(VOCAB, weights, seed=0, logit_scale=TARGET_LOGIT_SCALE)
 
 
 def conformance_prompt(target: Target, length: int = 12) -> list[int]:

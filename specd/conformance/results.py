@@ -39,6 +39,8 @@ class Report:
     drafter: str | None
     verifiers: dict[str, str]  # decoding mode -> verifier name
     options: dict[str, Any]
+    #: how the conformance target's matrices are stored: ``f64``, ``bf16``, ``q8_0``, ``q4_1``
+    weights: str = "f64"
     results: list[Result] = field(default_factory=list)
 
     @property
@@ -53,6 +55,7 @@ class Report:
             "drafter": self.drafter,
             "verifiers": self.verifiers,
             "options": self.options,
+            "weights": self.weights,
             "passed": self.passed,
             "results": [r.as_json() for r in self.results],
         }

@@ -4,6 +4,8 @@ First every verifier involved is checked on its own (:mod:`.verifier_checks`): t
 for the modes its ``exact_for`` lists, or the engine's defaults (``greedy`` at temperature 0,
 ``rejection`` when sampling). Then a named drafter is checked through the engine
 (:mod:`.engine_checks`) with those verifiers. Without a drafter only the verifier is checked.
+The drafter's checks all run on one conformance target, its matrices stored as ``weights``
+says; the verifier's own checks run on synthetic targets whatever it says.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from .. import registry
 from ..errors import BadInputError, PluginError, SpecdError
 from .drafter_checks import drafter_checks
 from .engine_checks import engine_checks
+from .engine_scenarios import WEIGHTS, check_weights
 from .results import Report, Result
 from .verifier_checks import verifier_checks
 
@@ -72,17 +75,22 @@ def checks(
     options: dict[str, Any],
     seed: int = 0,
     thorough: bool = False,
+    weights: str = "f32",
 ) -> Generator[Result, None, None]:
     """Each verifier alone, cheapest first, then the drafter's reported q against its own
-    draws, then the drafter through the engine."""
+    draws, then the drafter through the engine, both on the target ``weights`` names."""
     by_name: dict[str, set[str]] = {}
     for mode, name in verifiers.items():
         by_name.setdefault(name, set()).add(mode)
     for name, modes in by_name.items():
         yield from verifier_checks(registry.make("verifiers", name), modes, seed=seed)
     if drafter is not None:
-        yield from drafter_checks(drafter, options, set(verifiers), seed=seed, thorough=thorough)
-        yield from engine_checks(drafter, options, verifiers, seed=seed, thorough=thorough)
+        yield from drafter_checks(
+            drafter, options, set(verifiers), seed=seed, thorough=thorough, weights=weights
+        )
+        yield from engine_checks(
+            drafter, options, verifiers, seed=seed, thorough=thorough, weights=weights
+        )
 
 
 def run(
@@ -93,6 +101,7 @@ def run(
     seed: int = 0,
     thorough: bool = False,
     keep_going: bool = False,
+    weights: str = "f32",
     on_result: Callable[[Result], None] | None = None,
 ) -> Report:
     """Run the conformance suite.
@@ -104,12 +113,17 @@ def run(
     :param seed: base seed; every check is reproducible for a given seed.
     :param thorough: sample more sequences through the engine (finer sensitivity, longer).
     :param keep_going: run every check even after one failed.
+    :param weights: how the conformance target's matrices are stored: ``f32`` (its float64
+        weights) or ``bf16``, ``q8``, ``q4`` (blocks, :data:`.engine_scenarios.WEIGHTS`).
     :param on_result: called with each result as it arrives.
     :returns: the report; ``report.passed`` is True when every property held.
+    :raises BadInputError: for a ``weights`` value not in :data:`.engine_scenarios.WEIGHTS`.
     """
+    check_weights(weights)
     verifiers, merged = plan(drafter, verifier, options)
-    report = Report(drafter=drafter, verifiers=verifiers, options=merged)
-    with closing(checks(drafter, verifiers, merged, seed=seed, thorough=thorough)) as results:
+    report = Report(drafter=drafter, verifiers=verifiers, options=merged, weights=WEIGHTS[weights])
+    run_checks = checks(drafter, verifiers, merged, seed=seed, thorough=thorough, weights=weights)
+    with closing(run_checks) as results:
         for result in results:
             report.results.append(result)
             if on_result is not None:

@@ -6,6 +6,7 @@ text is random characters.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -88,6 +89,34 @@ def tiny_target(vocab_size: int = 96, *, eos_token_id: int | None = None, **kwar
     """A :class:`Target` around :func:`tiny_model` with a :class:`CharTokenizer`."""
     model = tiny_model(vocab_size, **kwargs)
     return Target(model, CharTokenizer(vocab_size, eos_token_id=eos_token_id), name="tiny")
+
+
+def tiny_blocks_target(
+    vocab_size: int, weights: str, *, seed: int = 0, logit_scale: float = 1.0
+) -> Target:
+    """:func:`tiny_target`'s model with its matrices (the decoder's projections, the embedding
+    and the LM head) stored as blocks of ``weights``' format (``bf16``, ``q8`` or ``q4``,
+    :data:`specd.forward.weights.QUANTIZED`), quantized from their float32 values, as
+    ``--weights`` quantizes a checkpoint on load; norms stay float32 and it computes in
+    float32, on the lean forward (:class:`~specd.forward.lean_model.LeanCausalLM`)."""
+    from . import lean_model
+    from . import weights as stored
+
+    if weights not in stored.QUANTIZED:
+        raise BadInputError(
+            f"a tiny model stored as blocks takes weights {', '.join(stored.QUANTIZED)}, "
+            f"not {weights!r}"
+        )
+    name = f"{NAME}:{seed}"
+    model = tiny_model(vocab_size, seed=seed, logit_scale=logit_scale)
+    tensors = {k: v.to(torch.float32) for k, v in model.state_dict().items()}
+    cfg = lean_model.LeanConfig(model.config.to_dict())
+    lm = lean_model.LeanCausalLM(stored.quantize(tensors, weights, name), cfg, Path(name))
+    # Its source is a name, not a directory: whatever a path of that name holds, a tiny model
+    # stops at no token.
+    lm.generation_config = lean_model.GenerationDefaults({})
+    # Blocks run only on the lean forward, whatever SPECD_FASTPATH says.
+    return Target(lm.eval(), CharTokenizer(vocab_size), name=name, fast=True)
 
 
 def is_tiny(model: str) -> bool:

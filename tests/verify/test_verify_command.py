@@ -152,11 +152,11 @@ def test_thorough_reaches_the_engine_checks_with_four_times_the_samples(capsys, 
 
     seen = []
 
-    def engine_checks(drafter, options, verifiers, seed=0, thorough=False):
+    def engine_checks(drafter, options, verifiers, seed=0, thorough=False, weights="f32"):
         seen.append(thorough)
         return iter(())
 
-    def q_checks(drafter, options, modes, seed=0, thorough=False):
+    def q_checks(drafter, options, modes, seed=0, thorough=False, weights="f32"):
         seen.append(("q", thorough))
         return iter(())
 
