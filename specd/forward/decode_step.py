@@ -78,7 +78,7 @@ class DecodeStep:
                     continue
                 blocks = name.startswith("w")  # a matrix; norms and biases are float32
                 ptrs.append(self._checked(f"layer {i} {name}", w, expected[name], blocks))
-                formats.append(_format(w))
+                formats.append(_format(w) if w is not None else 0)  # None: refused above
         v = lm_head.shape[0]
         self._checked("embedding", embed, (embed.shape[0], hidden), blocks=True)
         self._embed_rows = embed
