@@ -52,7 +52,10 @@ def markdown(report: dict[str, Any]) -> str:
     if fl:
         lines += [
             "",
-            f"**Floor**: copy bandwidth {fl['copy_gb_s']:.1f} GB/s; weights {fl['weight_bytes'] / 2**20:.0f} MiB "
+            f"**Floor**: read bandwidth {fl.get('read_gb_s', fl['copy_gb_s']):.1f} GB/s (copy "
+            f"{fl['copy_gb_s']:.1f}); a step reads {fl['weight_bytes'] / 2**20:.0f} MiB of weights "
+            f"as stored ({report['machine'].get('weights', '?')}) and "
+            f"{fl.get('kv_bytes', 0) / 2**20:.0f} MiB of cached keys and values "
             f"→ floor {fl['floor_s'] * 1e3:.1f} ms; target one-token step at {fl['context']} tokens "
             f"{fl['step_s'] * 1e3:.1f} ms = {fl['ratio']:.2f}× the floor.",
         ]
