@@ -13,7 +13,7 @@ Held-out text: windows of the Python standard library's own files, which no weig
 of specd was fitted to. Run it alone on the machine:
 
     python scripts/weights_quality.py --files 24 --window 512 --prompts 24 --tokens 48 \
-        --weights native,q8,q4 --json docs/results/weights_quality.json
+        --weights native,q8,q4 --json OUT.json
 """
 
 from __future__ import annotations
