@@ -163,6 +163,18 @@ Model make_model(int64_t L, int64_t H, int64_t I, int64_t Hq, int64_t KV, int64_
 
 const float* ptr(const Vec& v) { return v.empty() ? nullptr : v.data(); }
 
+// The step's cache table for keys kc and values vc, [L][KV][cap][D] each.
+std::vector<int64_t> cache_table(const Model& m, Vec& kc, Vec& vc, int64_t cap) {
+    std::vector<int64_t> caches;
+    for (int64_t l = 0; l < m.L; l++) {
+        caches.push_back((int64_t)(kc.data() + l * m.KV * cap * m.D));
+        caches.push_back((int64_t)(vc.data() + l * m.KV * cap * m.D));
+        caches.push_back(cap * m.D);
+        caches.push_back(cap * m.D);
+    }
+    return caches;
+}
+
 // One pass of T new tokens over the reference's own caches kc, vc ([L][KV][cap][D], the
 // first `past` positions filled), which it extends: logits [T, V] and hidden [T, H].
 void reference_step(const Model& m, const Vec& x, const Vec& cos, const Vec& sin, int64_t T,
@@ -248,13 +260,7 @@ double check_step(const Model& m, int* passes) {
                         sin[i * D + d] = (float)::sin((past + depth[i]) * f);
                     }
                 Vec kc = k0, vc = v0, rk = k0, rv = v0;
-                std::vector<int64_t> caches;
-                for (int64_t l = 0; l < m.L; l++) {
-                    caches.push_back((int64_t)(kc.data() + l * m.KV * cap * D));
-                    caches.push_back((int64_t)(vc.data() + l * m.KV * cap * D));
-                    caches.push_back(cap * D);
-                    caches.push_back(cap * D);
-                }
+                const std::vector<int64_t> caches = cache_table(m, kc, vc, cap);
                 const int threads = 1 + (int)((T + past) % 3);
                 Vec work(specd_decode_step_work(H, m.I, m.Hq, m.KV, D, T, past, threads));
                 Vec logits(T * m.V), hidden(T * H);
@@ -373,13 +379,7 @@ int64_t check_blocks(const Model& base, int f, int* passes) {
             Vec out[2][4];
             for (int run = 0; run < 2; run++) {
                 Vec kc = k0, vc = v0;
-                std::vector<int64_t> caches;
-                for (int64_t l = 0; l < m.L; l++) {
-                    caches.push_back((int64_t)(kc.data() + l * m.KV * cap * D));
-                    caches.push_back((int64_t)(vc.data() + l * m.KV * cap * D));
-                    caches.push_back(cap * D);
-                    caches.push_back(cap * D);
-                }
+                const std::vector<int64_t> caches = cache_table(m, kc, vc, cap);
                 const int threads = 1 + (int)(T % 2);
                 Vec work(specd_decode_step_work(H, m.I, m.Hq, m.KV, D, T, past, threads));
                 Vec logits(T * m.V), hidden(T * H);
