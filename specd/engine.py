@@ -24,7 +24,8 @@ import torch
 from .api import DraftContext
 from .draft import Draft, Step, Verdict
 from .errors import BadInputError
-from .forward.target import FIRST_CHUNK, PREFILL_CHUNK, Target
+from .forward.passes import FIRST_CHUNK, PREFILL_CHUNK
+from .forward.target import Target
 from .generation import Completion, Delta, Emitter, Generation
 from .healing import Constraint, Guide, TokenBytes, heal
 from .isolation import PluginGuard
@@ -111,27 +112,18 @@ class Engine:
         weights: str = "auto",
         **engine_options: Any,
     ) -> Engine:
-        """Load a model offline, price its verify passes and build an engine around it.
+        """Load a model offline, ready to serve (:func:`specd.forward.models.serving_target`,
+        which takes the other arguments), and build an engine around it.
 
-        :param model: as ``--model`` takes it (:func:`specd.forward.models.load_target`).
-        :param compile, prefill_dtype, packed_weights: :meth:`specd.Target.compile`,
-            :meth:`specd.Target.set_prefill_dtype`, :meth:`specd.Target.pack_weights`.
-        :param weights: how to store the matrices, as ``--weights`` takes it
-            (:mod:`specd.forward.weights`).
         :param engine_options: the keyword arguments of :class:`Engine`.
         """
-        from .forward import weights as stored
-        from .forward.models import load_target, parse_dtype
+        from .forward.models import serving_target
 
-        prefill = parse_dtype(prefill_dtype) if prefill_dtype else None  # fail before loading
-        target = load_target(
-            model, dtype=dtype, device=device, trust_remote_code=trust_remote_code, weights=weights
-        )
-        stored.check_serving(target.model, prefill, packed_weights)
-        target.set_prefill_dtype(prefill)
-        target.pack_weights(packed_weights)
-        target.compile(compile)
-        target.price_passes()
+        target = serving_target(
+            model, dtype=dtype, device=device, trust_remote_code=trust_remote_code,
+            compile=compile, prefill_dtype=prefill_dtype, packed_weights=packed_weights,
+            weights=weights,
+        )  # fmt: skip
         return cls(target, **engine_options)
 
     # -- public API ---------------------------------------------------------------------
@@ -337,7 +329,7 @@ class Engine:
         leave: int = 0,
     ) -> tuple[KVCache, int, str]:
         """Bring a cache to hold ``prompt[:-1]``, reusing the longest cached prefix, with
-        ``stop`` checked between prefill chunks (:data:`specd.forward.target.PREFILL_CHUNK`);
+        ``stop`` checked between prefill chunks (:data:`specd.forward.passes.PREFILL_CHUNK`);
         ``leave`` or fewer tokens left are not computed (the first step feeds them).
 
         :param hidden: receives the last hidden states of the tokens computed, by chunk.

@@ -212,14 +212,14 @@ def request_memory(target: Target, tokens: int, verify_rows: int) -> RequestMemo
     - KV cache: keys and values per layer and position; the buffers grow by doubling from
       the prompt's length and a prefill chunk, so up to twice that.
     - Activations of the largest pass: a prefill's first pass over up to
-      :data:`~specd.forward.target.FIRST_CHUNK` tokens, or a later chunk of
-      :data:`~specd.forward.target.PREFILL_CHUNK` over all the keys: its hidden states and MLP,
+      :data:`~specd.forward.passes.FIRST_CHUNK` tokens, or a later chunk of
+      :data:`~specd.forward.passes.PREFILL_CHUNK` over all the keys: its hidden states and MLP,
       its additive mask (one row per query head of a group) and the attention scores,
       were they computed whole in float32.
     - Logits of a verify pass over ``verify_rows`` tokens (the prompt tokens a first step
       feeds, the pending token, the draft), in the model's dtype and warped to float32.
     """
-    from .forward.target import FIRST_CHUNK, PREFILL_CHUNK
+    from .forward.passes import FIRST_CHUNK, PREFILL_CHUNK
 
     cfg = target.config.get_text_config(decoder=True)
     heads = int(cfg.num_attention_heads)

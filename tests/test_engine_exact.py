@@ -267,7 +267,7 @@ def test_time_budget():
 
 
 def test_cancellation_during_a_long_prefill_keeps_what_was_computed():
-    from specd.forward.target import FIRST_CHUNK, PREFILL_CHUNK
+    from specd.forward.passes import FIRST_CHUNK, PREFILL_CHUNK
 
     engine = Engine(tiny_target(VOCAB, seed=0), drafter="none")
     prompt = [i % VOCAB for i in range(FIRST_CHUNK + PREFILL_CHUNK * 2 + 5)]

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specd.forward import fastpath, products
+from specd.forward import architectures, fastpath, products
 from specd.forward.target import Target
 from specd.forward.tiny import CharTokenizer, tiny_model
 
@@ -37,7 +37,7 @@ MODELS = {"llama": tiny_model(VOCAB, num_layers=3, seed=1), "qwen2": qwen2_model
 
 @pytest.mark.parametrize("arch", sorted(MODELS))
 def test_supported(arch):
-    assert fastpath.supports(MODELS[arch])
+    assert architectures.supports(MODELS[arch])
 
 
 @settings(max_examples=40)
@@ -348,7 +348,7 @@ def test_a_prefill_fills_every_layer_as_a_full_forward_does(arch):
 
 
 def test_prefill_passes_start_with_one_long_pass_into_an_empty_cache():
-    from specd.forward.target import FIRST_CHUNK, PREFILL_CHUNK, prefill_pieces
+    from specd.forward.passes import FIRST_CHUNK, PREFILL_CHUNK, prefill_pieces
 
     assert prefill_pieces(0, 10) == [(0, 10)]
     assert prefill_pieces(0, FIRST_CHUNK + 300) == [

@@ -134,7 +134,7 @@ def test_prefill_allocates_the_prompt_once():
     """A long prompt is prefilled into buffers allocated once for it, not doubled and copied
     chunk by chunk (the per-chunk cost a one-pass prefill does not pay); the buffers are
     zeros beyond the live positions, which a compiled step attends over masked."""
-    from specd.forward.target import PREFILL_CHUNK
+    from specd.forward.passes import PREFILL_CHUNK
 
     cache = TARGET.new_cache(capacity=8)
     TARGET.prefill(cache, [1, 2, 3])

@@ -4,13 +4,12 @@ Hugging Face's forward spends much of a one-token decode step in Python: module 
 keyword plumbing, mask construction. This module runs the same arithmetic (RMSNorm in
 float32, rotary embeddings from the model's own rotary module, grouped-query SDPA, SiLU
 MLP) directly on the model's weight tensors and on the engine's KV cache, with a handful
-of tensor operations per layer. It is used for the architectures listed in
-``SUPPORTED``; every other model runs through its own ``forward``.
+of tensor operations per layer. It is used for the architectures
+:mod:`.architectures` lists; every other model runs through its own ``forward``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +23,6 @@ from .blocks import BlockWeight
 
 log = logging.getLogger(__name__)
 
-SUPPORTED = frozenset({"llama", "qwen2", "mistral"})
 #: Row counts (tokens in one pass) that use prepacked weights, where they are faster: a
 #: verify pass of a few draft tokens. One or two rows use them where that measures faster.
 PACKED_ROWS = range(3, products.PACK_ROWS + 1)
@@ -53,33 +51,6 @@ class _Layer:
     wg: torch.Tensor
     wu: torch.Tensor
     wd: torch.Tensor
-
-
-def supports(model: Any) -> bool:
-    """Whether :class:`FastDecoder` can run ``model`` with the same arithmetic."""
-    if not supports_config(model.config):
-        return False
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
-    needed = ("embed_tokens", "rotary_emb", "layers", "norm")
-    return (
-        decoder is not None
-        and all(hasattr(decoder, a) for a in needed)
-        and model.get_output_embeddings() is not None
-    )
-
-
-def supports_config(cfg: Any) -> bool:
-    """Whether a model of configuration ``cfg`` is one :class:`FastDecoder` runs: a
-    supported architecture with SiLU MLPs without biases and full attention in every layer."""
-    if getattr(cfg, "model_type", None) not in SUPPORTED:
-        return False
-    if getattr(cfg, "hidden_act", "silu") != "silu" or getattr(cfg, "mlp_bias", False):
-        return False
-    if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True):
-        if cfg.model_type == "mistral":
-            return False
-    layer_types = getattr(cfg, "layer_types", None)
-    return not (layer_types and any(t != "full_attention" for t in layer_types))
 
 
 class FastDecoder:
@@ -162,16 +133,6 @@ class FastDecoder:
         # On a CPU, a compiled one-token step (specd.compiled) computes products and
         # attention as plain reductions the compiler fuses.
         self._cpu = self.embed.device.type == "cpu"
-
-    def fingerprint(self) -> str:
-        """A short hash of a few of the weights (the norms, the first rows of the first and
-        last layers' products): two models alike in name and size tell apart."""
-        h = hashlib.sha256()
-        first, last = self.layers[0], self.layers[-1]
-        for w in (self.norm, first.ln1, last.ln2, first.wq, last.wd):
-            rows = w.data[:2] if isinstance(w, BlockWeight) else w.detach()[:2]
-            h.update(rows.contiguous().cpu().view(torch.uint8).numpy().tobytes())
-        return h.hexdigest()[:16]
 
     @property
     def weight_major(self) -> bool:

@@ -2,7 +2,7 @@
 
 Importing transformers and building its model costs seconds at every start; the lean forward
 (:mod:`.fastpath`) needs only the weights. Where it serves a model (see
-:func:`~specd.forward.fastpath.supports_config`) and the weights are safetensors,
+:func:`~specd.forward.architectures.supports_config`) and the weights are safetensors,
 :func:`load` reads ``config.json``, memory-maps the weights and wraps them in
 :class:`LeanCausalLM`: the module tree of a Hugging Face Llama model (the same parameter
 names, the same ``get_decoder()`` parts), holding the weights and no forward of its own.
@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import BadInputError, ModelNotFoundError
-from . import fastpath
+from . import architectures
 from . import weights as stored
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ REQUIRED = (
     "max_position_embeddings",
     "rms_norm_eps",
 )
-#: Defaults transformers applies alike to every architecture in ``fastpath.SUPPORTED``.
+#: Defaults transformers applies alike to every architecture in ``architectures.SUPPORTED``.
 DEFAULTS = {"tie_word_embeddings": False, "hidden_act": "silu", "mlp_bias": False}
 
 
@@ -298,7 +298,7 @@ def unsupported(cfg: LeanConfig, where: Path) -> str:
         return f"config.json lacks {', '.join(missing)}"
     if getattr(cfg, "auto_map", None):
         return "the checkpoint ships its own model code (auto_map)"
-    if not fastpath.supports_config(cfg):
+    if not architectures.supports_config(cfg):
         return f"the lean forward does not run {getattr(cfg, 'model_type', '?')!r} as configured"
     if cfg.model_type == "mistral" and "sliding_window" not in cfg.__dict__:
         return "no sliding_window in config.json (transformers' default windows attention)"

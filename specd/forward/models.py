@@ -207,6 +207,33 @@ def load_target(
     return Target(lm, tok, name=name)
 
 
+def serving_target(
+    model: str | None = None,
+    *,
+    dtype: str | None = None,
+    device: str | None = None,
+    trust_remote_code: bool = False,
+    compile: str = "auto",
+    prefill_dtype: str | None = None,
+    packed_weights: str = "off",
+    weights: str = "auto",
+) -> Target:
+    """:func:`load_target`, then made ready to serve: its prefill dtype, packed weights and
+    compiled step set (:meth:`~specd.forward.target.Target.set_prefill_dtype`,
+    :meth:`~specd.forward.target.Target.pack_weights`,
+    :meth:`~specd.forward.target.Target.compile`), its verify passes priced."""
+    prefill = parse_dtype(prefill_dtype) if prefill_dtype else None  # fail before loading
+    target = load_target(
+        model, dtype=dtype, device=device, trust_remote_code=trust_remote_code, weights=weights
+    )
+    stored.check_serving(target.model, prefill, packed_weights)
+    target.set_prefill_dtype(prefill)
+    target.pack_weights(packed_weights)
+    target.compile(compile)
+    target.price_passes()
+    return target
+
+
 def load(
     model: str = DEFAULT_MODEL,
     *,

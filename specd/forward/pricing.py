@@ -154,6 +154,20 @@ def key(target: Any, serving: str) -> dict:
     }  # fmt: skip
 
 
+def fingerprint(fast: Any) -> str:
+    """A short hash of a few of a lean forward's weights (the norms, the first rows of the
+    first and last layers' products), for what a kept verdict must match: two models alike
+    in name and size tell apart."""
+    from .blocks import BlockWeight
+
+    h = hashlib.sha256()
+    first, last = fast.layers[0], fast.layers[-1]
+    for w in (fast.norm, first.ln1, last.ln2, first.wq, last.wd):
+        rows = w.data[:2] if isinstance(w, BlockWeight) else w.detach()[:2]
+        h.update(rows.contiguous().cpu().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
 def _cpu_name() -> str:
     """The CPU's model name (``/proc/cpuinfo``), else the platform's word for it."""
     try:

@@ -14,25 +14,16 @@ import torch.nn.functional as F
 
 from ..errors import BadInputError
 from ..kvcache import KVCache
-from . import cpu_kernels, fastpath, lean_model, pricing, products
+from . import architectures, cpu_kernels, lean_model, pricing, products
 from .blocks import BlockWeight
 from .compiled import CompiledStep, KernelStep, choose
 from .fastpath import FastDecoder
+from .passes import PREFILL_CHUNK, STEP_PREFILL_TOKENS, prefill_pieces, tree_mask
 from .pricing import PassCosts
 from .step import EagerStep
 
 log = logging.getLogger(__name__)
 
-#: Prompt tokens computed per forward pass in prefill, with a stop check between passes.
-PREFILL_CHUNK = 256
-#: A prefill into an empty cache computes up to this many tokens in its first pass: causal
-#: attention needs no mask there, and the matrix products run at their most efficient size
-#: (1,024 tokens: 1.6 s in one pass, 1.8 s in chunks of 256, on a 2-core CPU).
-FIRST_CHUNK = 2048
-#: Prompts up to this many tokens on weights stored as blocks prefill as passes of the step
-#: kernel (16 tokens each); longer ones multiply by float32 copies of the weights, made once
-#: per pass of :data:`PREFILL_CHUNK` tokens.
-STEP_PREFILL_TOKENS = 256
 #: ``--compile`` choices.
 COMPILE_MODES = ("auto", "off", "on", "background")
 #: ``--packed-weights`` choices.
@@ -83,7 +74,7 @@ class Target:
         self._cache_kw = "past_key_values" if "past_key_values" in fwd else "cache"
         # The lean forward (specd.fastpath) for Llama-style models, unless turned off with
         # fast=False or SPECD_FASTPATH=0; other models run their own forward.
-        self.fast = FastDecoder(model) if fast and fastpath.supports(model) else None
+        self.fast = FastDecoder(model) if fast and architectures.supports(model) else None
         #: the compiled decode and verify step (:meth:`compile`), None while eager
         self.compiled: CompiledStep | None = None
         #: the lean forward prefill runs in another dtype (:meth:`set_prefill_dtype`)
@@ -167,7 +158,7 @@ class Target:
                 chosen.verdict = {
                     **pricing.key(self, "kernel"),
                     "library": cpu_kernels.library_file(),
-                    "weights": self.fast.fingerprint(),
+                    "weights": pricing.fingerprint(self.fast),
                 }
             self.compiled = CompiledStep(self.fast, chosen)
             self.compiled.prepare(self.new_cache, background=mode == "background")
@@ -302,7 +293,7 @@ class Target:
         position_ids = torch.arange(past, past + n, device=self.device).unsqueeze(0)
         mask = None
         if n > 1:
-            _, mask = _tree_mask(list(range(-1, n - 1)), past, self.dtype, self.device)
+            _, mask = tree_mask(list(range(-1, n - 1)), past, self.dtype, self.device)
         h = embed(ids)  # [1, T, H]
         pos_emb = rotary(h, position_ids=position_ids)
         for block in blocks[:layers]:
@@ -352,7 +343,7 @@ class Target:
         ids = torch.tensor([tokens], dtype=torch.long, device=self.device)  # [1, T]
         mask = None
         if parents is not None and any(p != i - 1 for i, p in enumerate(parents)):
-            depth, mask = _tree_mask(parents, past, self.dtype, self.device)
+            depth, mask = tree_mask(parents, past, self.dtype, self.device)
             position_ids = (past + depth).unsqueeze(0)
         else:
             position_ids = torch.arange(past, past + n, device=self.device).unsqueeze(0)
@@ -375,42 +366,6 @@ class Target:
         res = self.model(input_ids=ids, **kwargs)
         hs = res.hidden_states[-1][0] if hidden else None
         return ForwardOut(logits=res.logits[0], hidden=hs)  # [T, V]
-
-
-def prefill_pieces(
-    past: int, n: int, chunk: int = PREFILL_CHUNK, *, first: bool = False
-) -> list[tuple[int, int]]:
-    """``[start, end)`` of each pass that prefills ``n`` tokens after ``past`` cached ones:
-    :data:`FIRST_CHUNK` for the first when the cache is empty (``first``: ``chunk`` for
-    that one too), ``chunk`` after that."""
-    pieces, start = [], 0
-    while start < n:
-        size = FIRST_CHUNK if past + start == 0 and not first else chunk
-        end = min(n, start + size)
-        pieces.append((start, end))
-        start = end
-    return pieces
-
-
-def _tree_mask(
-    parents: Sequence[int], past: int, dtype: torch.dtype, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Depths ``[T]`` and an additive attention mask ``[1, 1, T, past + T]`` for a token tree."""
-    n = len(parents)
-    allowed = torch.zeros((n, n), dtype=torch.bool)
-    depth = torch.zeros(n, dtype=torch.long)
-    for i, p in enumerate(parents):
-        if p >= i:
-            raise ValueError("tree parents must come before their children")
-        allowed[i, i] = True
-        if p >= 0:
-            allowed[i] |= allowed[p]
-            depth[i] = depth[p] + 1
-    full = torch.ones((n, past + n), dtype=torch.bool)
-    full[:, past:] = allowed
-    mask = torch.zeros((n, past + n), dtype=dtype)
-    mask.masked_fill_(~full, torch.finfo(dtype).min)
-    return depth.to(device), mask.to(device)[None, None]
 
 
 def _eos_ids(model: torch.nn.Module, tokenizer) -> set[int]:

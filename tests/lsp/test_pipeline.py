@@ -36,7 +36,7 @@ from specd.lsp.service import Service
 from specd.lsp.warmup import AHEAD_CHARS, OPEN_WARM_S, Background
 
 from specd import Completion, Delta, Engine, Generation, SamplingParams, Stats
-from specd.forward.target import PREFILL_CHUNK
+from specd.forward.passes import PREFILL_CHUNK
 from specd.forward.tiny import tiny_target
 
 # -- Engine.warm ---------------------------------------------------------------------------------
