@@ -7,8 +7,11 @@ drafts the length that yields the most tokens per unit of target time on this ho
 (``ExitPolicy.pass_cost``): a draft of ``k`` tokens is verified by a pass over ``k + 1``,
 which costs ``pass_cost(k + 1)`` one-token steps, and yields ``1 + a1 + a1*a2 + ...``
 tokens, ``aj`` the recent rate at which draft position ``j`` was accepted once the ones
-before it were. Where a wide pass costs about a step that is the whole budget; where it
-costs several, a shorter draft. It only chooses lengths: the output is the verifier's.
+before it were. Drafting is paid for too (``ExitPolicy.draft_cost``: a drafter with a
+network of its own costs time a lookup does not). Where a wide pass costs about a step that
+is the whole budget; where it costs several, a shorter draft; where no draft is worth its
+cost against a plain step's one token, plain steps, with a short probe now and then. It only
+chooses lengths: the output is the verifier's.
 """
 
 from __future__ import annotations
@@ -81,18 +84,22 @@ class AdaptivePolicy(ExitPolicy):
             self._asked = None
             return 0 if self._paused_for > 0 else max(1, min(2, self._max))  # probe
         self._asked = self._priced(self._budget)
+        if self._asked == 0:  # no draft pays here now: plain steps, then a probe
+            self._paused_for = self.probe_every
         return self._asked
 
     def _priced(self, budget: int) -> int:
         """The draft length up to ``budget`` with the most expected tokens per unit of
-        target time (the shorter one on a tie); ``budget`` where passes are not priced."""
+        time, the draft's own included (the shorter one on a tie); 0 where a plain step's
+        one token per step beats them all; ``budget`` where passes are not priced."""
         if self.pass_cost is None:
             return budget
-        best_k, best, expected, reach = budget, 0.0, 1.0, 1.0
+        drafting = self.draft_cost or (lambda k: 0.0)
+        best_k, best, expected, reach = 0, 1.0 / self.pass_cost(1), 1.0, 1.0
         for k in range(1, budget + 1):
             reach *= self._accept[k - 1]  # P(the first k draft tokens are all accepted)
             expected += reach  # tokens a k-token draft yields, the verifier's own included
-            value = expected / self.pass_cost(k + 1)
+            value = expected / (self.pass_cost(k + 1) + drafting(k))
             if value > best:
                 best_k, best = k, value
         return best_k

@@ -125,6 +125,11 @@ class ExitPolicy:
     #: step, as measured when the model was loaded (``Target.pass_cost``). The engine sets
     #: it on the instance before :meth:`start`; None where the target was not priced.
     pass_cost: Callable[[int], float] | None = None
+    #: What drafting costs on this host: ``draft_cost(k)`` is the expected time of asking
+    #: the request's drafter for ``k`` tokens, in one-token steps, from its recent calls
+    #: (``specd.speculation.DraftClock``). Set by the engine beside :attr:`pass_cost`; None
+    #: where passes are not priced.
+    draft_cost: Callable[[int], float] | None = None
 
     def start(self, max_budget: int) -> None:
         """A request starts; budgets must stay within ``max_budget``."""

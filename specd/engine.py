@@ -34,7 +34,15 @@ from .limits import ContextLimits, RequestMemory, request_memory
 from .ngram_index import Corpus
 from .prefix_cache import PrefixCache
 from .sampling import SamplingParams, choose, make_generator, warp
-from .speculation import NO_DRAFTER, PluginInstances, Request, Speculation, check_exact, check_names
+from .speculation import (
+    NO_DRAFTER,
+    DraftClock,
+    PluginInstances,
+    Request,
+    Speculation,
+    check_exact,
+    check_names,
+)
 from .stats import Stats
 
 #: Tokens a warm-up prefills between two looks at its cancel check: a request waits at
@@ -94,6 +102,7 @@ class Engine:
         self.guard = PluginGuard(failure_limit=plugin_failure_limit, timeout_s=plugin_timeout_s)
         self.plugins = PluginInstances(self.guard, dict(drafter_options or {}))
         self.corpus: Corpus | None = None
+        self._clocks: dict[str, DraftClock] = {}  # what each drafter's calls cost here
         self._lock = threading.Lock()
         # Validate the defaults now so a bad name fails at start, not at the first request.
         check_names(drafter, verifier, exit_policy)
@@ -271,8 +280,11 @@ class Engine:
 
         vocab = self.target.vocab_size
         spec = Speculation(self.guard, req, max_draft=self.max_draft, vocab_size=vocab, stats=stats)
+        clock = self._clocks.setdefault(req.drafter, DraftClock())
         if spec.policy is not None:  # what verifying costs here (priced again if the step changed)
-            spec.policy.pass_cost = self.target.price_passes() if self.target.pass_costs else None
+            priced = self.target.pass_costs is not None
+            spec.policy.pass_cost = self.target.price_passes() if priced else None
+            spec.policy.draft_cost = clock.cost if priced else None
         ctx = DraftContext(
             tokens=list(req.prompt),
             params=req.params,
@@ -299,8 +311,15 @@ class Engine:
                 draft = spec.draft(ctx, room=out.room - 1)
                 t_drafted = time.perf_counter()
                 step = self.verify(cache, fed, draft, spec, req.params, ctx.generator, guide)
+                t_verified = time.perf_counter()
                 stats.draft_s += t_drafted - t_step
-                stats.verify_s += time.perf_counter() - t_drafted
+                stats.verify_s += t_verified - t_drafted
+                clock.record(
+                    None if draft is None else t_drafted - t_step,
+                    0 if draft is None else len(draft),
+                    t_verified - t_drafted,
+                    self.target.pass_cost(len(fed) + (0 if draft is None else len(draft))),
+                )
                 new = self.commit(cache, step, spec, ctx, stats)
                 fed, held = new[-1:], len(ctx.tokens) - 1
                 if guide is not None:

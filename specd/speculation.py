@@ -140,6 +140,43 @@ class PluginInstances:
             return None
 
 
+class DraftClock:
+    """What one drafter's proposals cost on this host, in one-token steps, for the exit
+    policy to weigh against what they save (``ExitPolicy.draft_cost``).
+
+    The engine records every step: the seconds the drafter took (none for a plain step),
+    the draft's size, and the seconds of the target's pass with its priced cost in steps.
+    A step's time is each pass's time over its price; a call's cost, its time over that.
+    Both are averages that follow the recent steps (weight ``ema`` for the latest), kept
+    across requests: the same drafter on the same target costs the same.
+    """
+
+    def __init__(self, ema: float = 0.2) -> None:
+        self.ema = float(ema)
+        self.step_s: float | None = None  # a one-token step's recent time
+        self._calls: float | None = None  # a call's recent cost, in steps
+        self._size = 0.0  # the recent draft size
+
+    def _mix(self, old: float | None, new: float) -> float:
+        return new if old is None else old + self.ema * (new - old)
+
+    def record(self, draft_s: float | None, size: int, pass_s: float, pass_steps: float) -> None:
+        """One step: ``draft_s`` the drafter's seconds (None: a plain step), ``size`` its
+        draft's nodes, ``pass_s`` the target pass's seconds, ``pass_steps`` its price."""
+        if pass_s > 0 and pass_steps > 0:
+            self.step_s = self._mix(self.step_s, pass_s / pass_steps)
+        if draft_s is not None and self.step_s:
+            self._size = self._mix(None if self._calls is None else self._size, size)
+            self._calls = self._mix(self._calls, draft_s / self.step_s)
+
+    def cost(self, k: int) -> float:
+        """A draft of ``k`` tokens' expected cost in one-token steps: the recent calls'
+        cost scaled by ``(1 + k) / (1 + recent size)`` (0 before any call was timed)."""
+        if self._calls is None:
+            return 0.0
+        return self._calls * (1 + k) / (1 + self._size)
+
+
 class Speculation:
     """The plugins serving one request. When one fails, the request goes on with plain
     decoding: :meth:`draft` returns None and :meth:`verify` defers to the target.

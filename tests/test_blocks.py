@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType as GT
 from gguf import quants
 
-from specd.forward import blocks
+from specd.forward import blocks, cpu_kernels
 from specd.forward.blocks import BF16, FORMATS, Q4_0, Q4_1, Q8_0, BlockWeight, quantize
 
 GGML = {"q4_0": GT.Q4_0, "q4_1": GT.Q4_1, "q8_0": GT.Q8_0, "bf16": GT.BF16}
@@ -284,3 +284,45 @@ def test_a_block_weight_follows_its_input_to_the_gpu():
     ids = torch.tensor([3, 1], device="cuda")
     assert torch.equal(F.linear(x, w).cpu(), F.linear(x.cpu(), w.dequantize()))
     assert torch.equal(F.embedding(ids, w).cpu(), w.dequantize()[[3, 1]])
+
+
+@pytest.mark.parametrize("name", ["f32", "q4_0", "q4_1", "q8_0", "bf16"])
+def test_the_kernels_product_is_the_product_of_the_stored_values(name):
+    """Guards against a drafter's product that reads blocks wrongly (a nibble order, a
+    scale, a row stride) or drops the rows past an uneven split between threads: the
+    step kernel's product equals ``x @ W.T`` of the weight's values to float32 rounding,
+    and a row alone computes what it computes among others."""
+    if not cpu_kernels.available():
+        pytest.skip(f"the CPU kernels do not run here: {cpu_kernels.reason}")
+    g = torch.Generator().manual_seed(5)
+    w, x = torch.randn(70, 96, generator=g), torch.randn(3, 96, generator=g)
+    stored = w if name == "f32" else quantize(w, name)
+    values = w if name == "f32" else stored.dequantize()
+    y = blocks.product(x, stored)
+    torch.testing.assert_close(y, x @ values.T, rtol=1e-5, atol=1e-4)
+    assert torch.equal(blocks.product(x[1:2], stored)[0], y[1])
+    bias = torch.randn(70, generator=g)
+    torch.testing.assert_close(blocks.product(x, stored, bias), y + bias)
+
+
+def test_rows_of_blocks_stay_blocks():
+    """Guards against LM head rows for a drafter taken as a float32 copy (four times the
+    bytes for every draft token) or from the wrong rows."""
+    w = quantize(torch.randn(40, 64, generator=torch.Generator().manual_seed(2)), "q8_0")
+    index = torch.tensor([7, 0, 39])
+    rows = blocks.rows_of(w, index)
+    assert isinstance(rows, BlockWeight) and rows.shape == (3, 64) and rows.fmt == Q8_0
+    assert torch.equal(rows.dequantize(), w.dequantize()[index])
+
+
+def test_more_rows_than_the_kernel_takes_go_through_the_fallback():
+    """Guards against a prefill-sized product sent through the drafter's product."""
+    w = quantize(torch.randn(8, 32), "q8_0")
+    seen = []
+
+    def fallback(x, weight, bias):
+        seen.append(x.shape)
+        return F.linear(x, weight.dequantize(), bias)
+
+    blocks.product(torch.randn(blocks.PRODUCT_ROWS + 1, 32), w, fallback=fallback)
+    assert seen == [(blocks.PRODUCT_ROWS + 1, 32)]

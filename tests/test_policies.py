@@ -279,3 +279,29 @@ def test_a_position_not_drafted_for_a_while_is_judged_by_recent_acceptance():
     history = _accepted(seed=2, steps=60, rate=0.8)
     costly = _budgets(COSTLY, history, start_budget=8)
     assert sorted(costly[20:])[20] >= 2  # the median, once the rates are learnt
+
+
+def test_a_draft_that_costs_more_than_it_saves_gives_plain_steps_and_probes():
+    """Guards against a policy that prices the verify pass but not the draft: a drafter
+    whose call costs two steps never pays for itself at a 50% acceptance rate, so the
+    policy takes plain steps, and after ``probe_every`` of them drafts a short probe, so
+    that a drafter that became right again is noticed."""
+    policy = adaptive(8, CHEAP, start_budget=8, probe_every=4)
+    policy.draft_cost = lambda k: 2.0
+    policy._accept = [0.5] * 8
+    assert [policy.draft_budget() for _ in range(4)] == [0, 0, 0, 0]
+    assert policy.draft_budget() == 2  # the probe
+    policy.draft_cost = None  # drafting free again: a 50% rate pays on cheap passes
+    policy.observe(2, 1)
+    assert policy.draft_budget() > 0
+
+
+def test_the_draft_cost_shortens_the_draft():
+    """Guards against drafting as deep as free passes allow when each draft token costs
+    time of its own: at a 90% rate, passes free and 0.3 steps a draft token, five tokens
+    yield the most per unit of time (4.69 / 2.5), where free drafting would take all 8."""
+    policy = adaptive(8, FLAT, start_budget=8)
+    policy._accept = [0.9] * 8
+    assert policy.draft_budget() == 8
+    policy.draft_cost = lambda k: 0.3 * k
+    assert policy.draft_budget() == 5

@@ -3,14 +3,19 @@ policy is handed the prices (specd/forward/pricing.py, ``Target.price_passes``).
 
 from __future__ import annotations
 
+import time
+
 import pytest
+from specd.plugins.ngram import NgramDrafter
 from specd.plugins.policies import AdaptivePolicy
 
-from specd import Engine, SamplingParams
+from specd import Engine, SamplingParams, hookimpl
 from specd.errors import BadInputError
 from specd.forward import pricing
 from specd.forward.pricing import FLAT, PRICE_TOKENS, PassCosts, measure
 from specd.forward.tiny import tiny_target
+from specd.registry import get_plugin_manager
+from specd.speculation import DraftClock
 
 
 def test_prices_between_and_past_the_priced_widths():
@@ -192,3 +197,75 @@ def test_a_table_is_kept_for_the_next_start_on_this_machine(monkeypatch, tmp_pat
     tiny_target(40, num_layers=1, seed=2).price_passes()
     assert len(calls) == 6
     assert sorted(f.read_text() for f in (tmp_path / "prices").iterdir()) == saved
+
+
+def test_the_draft_clock_measures_calls_in_steps():
+    """Guards against a draft cost in seconds (against prices in steps), and against one
+    that does not grow with the draft it is asked for."""
+    clock = DraftClock(ema=0.5)
+    assert clock.cost(4) == 0.0  # nothing timed yet
+    clock.record(None, 0, 0.010, 1.0)  # a plain step of 10 ms
+    clock.record(0.005, 4, 0.020, 2.0)  # a 4-token draft of 5 ms, its pass priced 2 steps
+    assert clock.step_s == pytest.approx(0.010)
+    assert clock.cost(4) == pytest.approx(0.5)
+    assert clock.cost(9) == pytest.approx(1.0)
+
+
+class SlowNgram(NgramDrafter):
+    """The n-gram drafter, 30 ms a call: far more than a tiny target's step."""
+
+    name = "test-slow-ngram"
+
+    def propose(self, ctx, budget):
+        time.sleep(0.03)
+        return super().propose(ctx, budget)
+
+
+class _SlowPlugin:
+    @hookimpl
+    def specd_register_drafters(self, register):
+        register(SlowNgram)
+
+
+def test_a_drafter_slower_than_it_saves_is_asked_rarely():
+    """Guards against draft costs that never reach the policy: the same requests with a
+    drafter whose calls cost many steps draft on far fewer steps than with the same drafter
+    at its own speed, and write the same tokens."""
+    target = tiny_target(40, num_layers=1, seed=6, logit_scale=8.0)
+    target.pass_costs = PassCosts({1: 1.0, 2: 1.0, 4: 1.1, 8: 1.3}, backend="eager")
+    prompt = "ABCDABCDABCDABCD ABCDABCD ABCDABCD"
+    pm = get_plugin_manager()
+    pm.register(_SlowPlugin(), name="test-slow-ngram")
+    try:
+        runs = {}
+        for name in ("ngram", "test-slow-ngram"):
+            engine = Engine(target, drafter=name, max_draft=8)
+            engine.generate(prompt, SamplingParams(max_tokens=48))  # the clock learns
+            runs[name] = engine.generate(prompt + " ABCD", SamplingParams(max_tokens=48))
+    finally:
+        pm.unregister(name="test-slow-ngram")
+    fast, slow = runs["ngram"], runs["test-slow-ngram"]
+    assert slow.token_ids == fast.token_ids
+    assert fast.stats.drafted > 0
+    assert slow.stats.drafted <= fast.stats.drafted / 2
+
+
+def test_a_remembered_value_is_computed_once_per_model(monkeypatch, tmp_path):
+    """Guards against a value kept for one model served for another (the EAGLE head's
+    weights hash, which decides whether a head fits the target), and against one computed
+    again at every start."""
+    monkeypatch.setenv("SPECD_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("SPECD_PRICE_CACHE", raising=False)
+    calls = []
+
+    def value(target, text):
+        return target.remembered("test", lambda: calls.append(text) or text)
+
+    a = tiny_target(40, num_layers=1, seed=4)
+    assert a.fast is not None
+    assert value(a, "first") == "first"
+    assert value(tiny_target(40, num_layers=1, seed=4), "again") == "first"  # the next start
+    assert value(tiny_target(40, num_layers=1, seed=5), "other") == "other"  # other weights
+    assert calls == ["first", "other"]
+    monkeypatch.setenv("SPECD_PRICE_CACHE", "off")
+    assert value(a, "off") == "off"

@@ -22,7 +22,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -122,7 +122,8 @@ class EagleDrafter(Drafter):
             model = target.model
             vocab = self._head.draft_vocab
             self._embed = model.get_input_embeddings().weight
-            self._lm_rows = model.get_output_embeddings().weight[vocab]  # [Vd, H]
+            # [Vd, H] as the target stores them: blocks read by the kernel's product as stored
+            self._lm_rows: Any = target.lm_head_rows(vocab)
             self._head.product = target.linear  # the target's product for a few rows
             self._reset()
         return self._head

@@ -38,19 +38,24 @@ class HeadMismatchError(BadInputError):
 
 def weights_hash(target: Target) -> str:
     """A hash of the target's weights, the same in every dtype and on every device: every
-    :data:`HASH_STRIDE`-th value of each tensor, rounded to bfloat16, with names and shapes."""
+    :data:`HASH_STRIDE`-th value of each tensor, rounded to bfloat16, with names and shapes.
+    Kept across starts (``Target.remembered``): computing it reads every weight, which for
+    blocks means de-quantizing them all, a quarter of a second of each start."""
     cached = getattr(target, "_eagle_weights_hash", None)
-    if cached is not None:
-        return cached
+    if cached is None:
+        cached = target.remembered(f"eagle-weights-hash-{HASH_STRIDE}", lambda: _hash(target))
+        target._eagle_weights_hash = cached  # type: ignore[attr-defined]
+    return cached
+
+
+def _hash(target: Target) -> str:
     h = hashlib.sha256()
     with torch.no_grad():
         for name, p in sorted(target.model.state_dict().items()):
             h.update(f"{name}:{tuple(p.shape)};".encode())
             sample = p.detach().reshape(-1)[::HASH_STRIDE].to("cpu", torch.float32)
             h.update(sample.to(torch.bfloat16).view(torch.int16).numpy().tobytes())
-    digest = h.hexdigest()[:16]
-    target._eagle_weights_hash = digest  # type: ignore[attr-defined]
-    return digest
+    return h.hexdigest()[:16]
 
 
 def save_head(

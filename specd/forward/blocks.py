@@ -189,6 +189,59 @@ def _embedding(
     return weight[input.cpu()].to(input.device)
 
 
+#: The most rows :func:`product` hands the step kernel's product; more go through BLAS.
+PRODUCT_ROWS = 16
+
+
+def product(
+    x: torch.Tensor,
+    w: torch.Tensor | BlockWeight,
+    bias: torch.Tensor | None = None,
+    fallback: Any = F.linear,
+) -> torch.Tensor:
+    """``x @ w.T (+ bias)`` for float32 ``x`` ``[..., K]`` and a weight ``[N, K]``, float32
+    or blocks: for a few rows where the CPU kernels run, the step kernel's own product, which
+    reads blocks as stored and decodes each once for all the rows (a drafter's small layers
+    and its LM head rows, outside the step); otherwise ``fallback(x, w, bias)`` (by default
+    ``F.linear``, which de-quantizes blocks)."""
+    K = x.shape[-1]
+    n = x.numel() // K if K else 0
+    kernel = (
+        0 < n <= PRODUCT_ROWS
+        and x.dtype == torch.float32
+        and x.device.type == "cpu"
+        and w.dim() == 2
+        and w.shape[1] == K
+        and not (
+            torch.is_grad_enabled() and (x.requires_grad or getattr(w, "requires_grad", False))
+        )
+        and (bias is None or (bias.dtype == torch.float32 and bias.shape == (w.shape[0],)))
+        and cpu_kernels.available()
+    )
+    if kernel and isinstance(w, BlockWeight):
+        ptr, code = w.data_ptr(), w.fmt.code
+    elif (
+        kernel
+        and isinstance(w, torch.Tensor)
+        and w.dtype == torch.float32
+        and w.device.type == "cpu"
+        and w.is_contiguous()
+    ):
+        ptr, code = w.data_ptr(), F32.code
+        kernel = K % 16 == 0
+    else:
+        kernel = False
+    if not kernel:
+        return fallback(x, w, bias)
+    y = cpu_kernels.product(x.reshape(n, K), ptr, code, w.shape[0], K, bias)
+    return y.reshape(*x.shape[:-1], w.shape[0])
+
+
+def rows_of(w: BlockWeight, index: torch.Tensor) -> BlockWeight:
+    """The rows ``index`` of ``w``, still as blocks (their bytes copied, never decoded)."""
+    return BlockWeight(w.data[index].contiguous(), w.fmt, (int(index.numel()), w.shape[1]))
+
+
 def quantize(w: torch.Tensor, fmt: Format | str) -> BlockWeight:
     """``w``, float ``[rows, cols]`` with ``cols`` a multiple of 32, as blocks of ``fmt``,
     rounded the way ggml's reference quantizers round (:func:`.block_formats.encode` has the

@@ -41,7 +41,7 @@ from .kernel_build import ISAS, OFF, Unavailable
 
 __all__ = [
     "HEAD_DIM", "ISAS", "MIN_TOKENS", "OFF", "STEP_TOKENS", "attention", "available", "buffer",
-    "dequantize", "library_file",
+    "dequantize", "library_file", "product",
     "isa", "reason", "runnable_isas", "step_function", "step_work_floats", "supports", "use",
 ]  # fmt: skip
 
@@ -66,6 +66,7 @@ class _Library:
     step: Any
     step_work: Any
     dequantize: Any
+    product: Any
     file: str  # the library's file name: the build's sources, flags and compiler, hashed
 
 
@@ -212,6 +213,28 @@ def dequantize(
     return out
 
 
+def product(
+    x: torch.Tensor, data_ptr: int, code: int, rows: int, cols: int,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """``x @ W.T (+ bias)`` ``[T, rows]`` for float32 rows ``x`` ``[T, cols]`` and a weight
+    ``W`` ``[rows, cols]`` stored at ``data_ptr`` in the step kernel's format ``code``
+    (``specd_product``: the step's products, each block of the weight decoded once for all
+    ``T`` rows, on torch's threads). The caller keeps the weight alive and checks the
+    shapes (:func:`specd.forward.blocks.product` does both).
+
+    :raises RuntimeError: the kernels are not available here, saying why.
+    """
+    x = x.contiguous()
+    bias = None if bias is None else bias.contiguous()
+    out = torch.empty(x.shape[0], rows, dtype=torch.float32)
+    _library().product(
+        data_ptr, code, rows, cols, x.data_ptr(), x.shape[0],
+        None if bias is None else bias.data_ptr(), out.data_ptr(), torch.get_num_threads(),
+    )  # fmt: skip
+    return out
+
+
 def step_work_floats(
     hidden: int, inter: int, heads: int, kv_heads: int, head_dim: int, tokens: int, past: int,
     threads: int,
@@ -301,13 +324,17 @@ def _open(lib: Path) -> _Library:
     dequantize = dll.specd_dequantize
     dequantize.argtypes = [ptr, ctypes.c_int32, i64, i64, ptr, ctypes.c_int]
     dequantize.restype = None
+    product = dll.specd_product
+    product.argtypes = [ptr, ctypes.c_int32, i64, i64, ptr, i64, ptr, ptr, ctypes.c_int]
+    product.restype = None
     work = dll.specd_decode_step_work
     work.argtypes = [i64, i64, i64, i64, i64, i64, i64, ctypes.c_int]
     work.restype = i64
     if dll.specd_decode_step_max_tokens() != STEP_TOKENS:
         raise RuntimeError(f"{lib} was built for another step size")
     dll.specd_kernel_isa.restype = ctypes.c_char_p
-    return _Library(dll.specd_kernel_isa().decode(), fn, step, work, dequantize, lib.name)
+    isa = dll.specd_kernel_isa().decode()
+    return _Library(isa, fn, step, work, dequantize, product, lib.name)
 
 
 def _reset() -> None:

@@ -220,19 +220,34 @@ def check_passed(key: dict) -> bool:
     """Whether the step kernel's check against the eager pass (:func:`.step.check`) passed
     for ``key`` (the model, the machine and the kernel's library, :func:`key`) within
     :data:`KEEP_S`; never with ``SPECD_PRICE_CACHE=off``."""
-    if _cache_off():
-        return False
-    try:
-        with open(_path(key, "checks"), encoding="utf-8") as f:
-            data = json.load(f)
-        return data.get("key") == key and time.time() - float(data["saved_at"]) <= KEEP_S
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
+    return kept(key, "checks") is not None
 
 
 def record_check(key: dict) -> None:
     """Remember that the check passed for ``key``, so the next start skips it."""
-    _keep(_path(key, "checks"), key, {})
+    keep(key, "checks", {})
+
+
+def kept(key: dict, kind: str) -> dict | None:
+    """What :func:`keep` kept of ``kind`` under ``key`` within :data:`KEEP_S` (the values
+    besides the key and the time), or None: none kept, too old, unreadable, or
+    ``SPECD_PRICE_CACHE=off``."""
+    if _cache_off():
+        return None
+    try:
+        with open(_path(key, kind), encoding="utf-8") as f:
+            data = json.load(f)
+        if data.get("key") != key or time.time() - float(data["saved_at"]) > KEEP_S:
+            return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return {k: v for k, v in data.items() if k not in ("key", "saved_at")}
+
+
+def keep(key: dict, kind: str, data: dict) -> None:
+    """Keep ``data`` (JSON values) of ``kind`` under ``key`` for the next start, in the
+    cache directory (a failure to write is logged; nothing with ``SPECD_PRICE_CACHE=off``)."""
+    _keep(_path(key, kind), key, data)
 
 
 def _keep(path: os.PathLike, key: dict, data: dict) -> None:

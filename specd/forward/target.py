@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from ..errors import BadInputError
 from ..kvcache import KVCache
-from . import architectures, cpu_kernels, lean_model, pricing, products
+from . import architectures, blocks, cpu_kernels, lean_model, pricing, products
 from .blocks import BlockWeight
 from .compiled import CompiledStep, KernelStep, choose
 from .fastpath import FastDecoder
@@ -117,13 +117,45 @@ class Target:
             raise BadInputError(f"packed weights: expected one of {PACK_CHOICES}, got {mode!r}")
         return self.fast is not None and self.fast.pack(mode)
 
-    def linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """``x @ w.T`` computed the way the lean forward computes products of a few rows on
-        this machine (weight-major where it measured faster, :mod:`specd.products`), for a
-        drafter's own small layers."""
-        if self.fast is not None and self.fast.weight_major:
-            return products.weight_major(x, w)
-        return F.linear(x, w)
+    def linear(self, x: torch.Tensor, w: torch.Tensor | BlockWeight) -> torch.Tensor:
+        """``x @ w.T`` for a drafter's own small layers and the LM head rows it reads
+        (:meth:`lm_head_rows`): for a few float32 rows on the CPU, the step kernel's product
+        (:func:`.blocks.product`: blocks read as stored); else the way the lean forward
+        computes products of a few rows on this machine (weight-major where it measured
+        faster, :mod:`.products`)."""
+        return blocks.product(x, w, fallback=self._few_rows)
+
+    def _few_rows(
+        self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        if self.fast is not None and self.fast.weight_major and not isinstance(w, BlockWeight):
+            y = products.weight_major(x, w)
+            return y if b is None else y + b
+        return F.linear(x, w, b)
+
+    def remembered(self, kind: str, compute: Callable[[], str]) -> str:
+        """``compute()``, a string that depends on this target's weights alone, kept across
+        starts (the cache directory, :func:`.pricing.keep`) under what tells the weights
+        apart cheaply: the model's name, its size as stored and a few of its weights
+        (:func:`.pricing.fingerprint`); computed every time without the lean forward."""
+        if self.fast is None:
+            return compute()
+        key = {
+            "kind": kind, "model": self.name, "weight_bytes": self.weight_bytes(),
+            "vocab": self.vocab_size, "weights": pricing.fingerprint(self.fast),
+        }  # fmt: skip
+        known = pricing.kept(key, "remembered")
+        if known is not None and isinstance(known.get("value"), str):
+            return known["value"]
+        value = compute()
+        pricing.keep(key, "remembered", {"value": value})
+        return value
+
+    def lm_head_rows(self, index: torch.Tensor) -> torch.Tensor | BlockWeight:
+        """The LM head's rows ``index`` ``[len(index), hidden]`` as the target stores them:
+        blocks stay blocks (their bytes copied), float rows a float copy."""
+        w = self.model.get_output_embeddings().weight
+        return blocks.rows_of(w, index) if isinstance(w, BlockWeight) else w[index]
 
     @property
     def max_positions(self) -> int:

@@ -402,6 +402,20 @@ void specd_dequantize(const void* weight, int32_t format, int64_t rows, int64_t 
     }
 }
 
+// y [T, N] = x [T, K] . W [N, K]^T (+ b [N]) for W stored as `format`: the step's own
+// products (each row's blocks decoded once for all T tokens) for a drafter's small layers
+// outside the step. The rows are split between the threads; K a multiple of 16 (of 32 for
+// a block format).
+void specd_product(const void* weight, int32_t format, int64_t N, int64_t K, const float* x,
+                   int64_t T, const float* b, float* y, int threads) {
+#pragma omp parallel num_threads(threads)
+    {
+        int64_t lo, hi;
+        share(N, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
+        rows(Weight{weight, format}, b, K, x, K, T, lo, hi, y, N);
+    }
+}
+
 // The instruction set this library was built for: "avx512", "avx2", "neon" or "scalar".
 const char* specd_kernel_isa() { return specd::ISA; }
 
