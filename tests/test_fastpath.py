@@ -313,16 +313,25 @@ def test_the_weight_major_product_takes_rows_in_any_layout(rows):
 
 
 @pytest.mark.parametrize("major", [True, False])
-def test_target_linear_is_the_product_its_lean_forward_uses(monkeypatch, major):
+@pytest.mark.parametrize("kernels", [True, False])
+def test_target_linear_is_the_kernels_product_or_the_lean_forwards(monkeypatch, major, kernels):
+    """A drafter's product (``Target.linear``): the step kernel's where the kernels run;
+    elsewhere the product the lean forward measured fastest for a few rows."""
+    from specd.forward import cpu_kernels
+
+    if kernels and not cpu_kernels.available():
+        pytest.skip(f"the CPU kernels do not run here: {cpu_kernels.reason}")
     monkeypatch.setattr(fastpath, "_WEIGHT_MAJOR", {})
     monkeypatch.setattr(products, "weight_major_is_faster", lambda w: major)
+    if not kernels:
+        monkeypatch.setattr(cpu_kernels, "available", lambda: False)
     calls = []
     monkeypatch.setattr(products, "weight_major", lambda x, w: calls.append(1) or x @ w.T)
     model = tiny_model(VOCAB, num_layers=2, seed=5, dtype=torch.float32)
     target = Target(model, CharTokenizer(VOCAB))
     x, w = torch.randn(3, 16), torch.randn(8, 16)
     torch.testing.assert_close(target.linear(x, w), x @ w.T)
-    assert bool(calls) == major
+    assert bool(calls) == (major and not kernels)
 
 
 @pytest.mark.parametrize("arch", sorted(MODELS))
@@ -361,3 +370,29 @@ def test_prefill_passes_start_with_one_long_pass_into_an_empty_cache():
         (PREFILL_CHUNK, PREFILL_CHUNK + 1),
     ]
     assert prefill_pieces(0, 0) == []
+
+
+def test_a_long_prefill_on_blocks_multiplies_by_prepacked_values(monkeypatch):
+    """Guards against a prefill on blocks that packs the wrong values (a stale scratch
+    buffer, another weight's) or skips the packed products: every product of a prompt
+    longer than the step kernel's prefill multiplies by a prepacked copy of the blocks'
+    values, and fills the cache as ``F.linear`` on those values does, to float32 rounding."""
+    from specd.forward.tiny import tiny_blocks_target
+
+    if not products.packable():
+        pytest.skip("this torch build has no oneDNN prepacked linear")
+    target = tiny_blocks_target(VOCAB, "q8", seed=3)
+    prompt = [(5 * i + 1) % VOCAB for i in range(300)]  # past STEP_PREFILL_TOKENS
+    packed = []
+    real = products.pack
+    monkeypatch.setattr(products, "pack", lambda w: packed.append(tuple(w.shape)) or real(w))
+    fast = target.new_cache()
+    target.prefill(fast, prompt)
+    layers = len(target.fast.layers)  # type: ignore[union-attr]
+    assert len(packed) >= 7 * (layers - 1)  # q, k, v, o, gate, up, down of each full layer
+    monkeypatch.setattr(fastpath.FastDecoder, "_packs_blocks", lambda self: False)
+    plain = target.new_cache()
+    target.prefill(plain, prompt)
+    for i in range(layers):
+        torch.testing.assert_close(fast.layer(i).keys, plain.layer(i).keys, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(fast.layer(i).values, plain.layer(i).values, rtol=1e-5, atol=1e-5)

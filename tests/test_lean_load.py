@@ -315,7 +315,9 @@ def test_default_model_loads_lean_and_decodes_as_transformers_does():
         with torch.inference_mode():
             want = hf(torch.tensor([ids])).logits[0]
             out = hf.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False)
-        torch.testing.assert_close(logits, want, rtol=1e-4, atol=1e-4)
+        # float32 rounding: a prefill on blocks multiplies by oneDNN's prepacked copy of
+        # their values, transformers by MKL's products, each summing in its own order
+        torch.testing.assert_close(logits, want, rtol=1e-4, atol=2e-4)
         greedy = []
         while len(greedy) < 16 and not (greedy and greedy[-1] in eos):
             greedy.append(int(logits[-1].argmax()))
