@@ -395,4 +395,6 @@ def test_a_long_prefill_on_blocks_multiplies_by_prepacked_values(monkeypatch):
     target.prefill(plain, prompt)
     for i in range(layers):
         torch.testing.assert_close(fast.layer(i).keys, plain.layer(i).keys, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(fast.layer(i).values, plain.layer(i).values, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            fast.layer(i).values, plain.layer(i).values, rtol=1e-5, atol=1e-5
+        )
