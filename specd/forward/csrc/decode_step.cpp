@@ -60,9 +60,7 @@ struct Q4_0Rows {  // half d, 16 bytes of nibbles q: d * (q - 8)
         uint16_t h;
         memcpy(&h, blk, 2);
         const V16 d = vset1(half_to_float(h)), eight = vset1(8.0f);
-        vload_u4(blk + 2, &w[0], &w[1]);
-        w[0] = vmul(d, vsub(w[0], eight));
-        w[1] = vmul(d, vsub(w[1], eight));
+        vload_u4_map(blk + 2, [&](V16 q) { return vmul(d, vsub(q, eight)); }, &w[0], &w[1]);
     }
 };
 struct Q4_1Rows {  // half d, half m, 16 bytes of nibbles q: d * q + m
@@ -73,9 +71,8 @@ struct Q4_1Rows {  // half d, half m, 16 bytes of nibbles q: d * q + m
         uint16_t h[2];
         memcpy(h, blk, 4);
         const V16 d = vset1(half_to_float(h[0])), m = vset1(half_to_float(h[1]));
-        vload_u4(blk + 4, &w[0], &w[1]);
-        w[0] = vfma(d, w[0], m);  // d * q is exact: one rounding, as d * q + m
-        w[1] = vfma(d, w[1], m);
+        // d * q is exact: one rounding, as d * q + m
+        vload_u4_map(blk + 4, [&](V16 q) { return vfma(d, q, m); }, &w[0], &w[1]);
     }
 };
 struct Q8_0Rows {  // half d, 32 signed bytes q: d * q

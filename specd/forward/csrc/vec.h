@@ -143,6 +143,17 @@ inline void vload_u4(const uint8_t* p, V16* lo, V16* hi) {
     lo->v = _mm512_cvtepi32_ps(_mm512_and_si512(w, _mm512_set1_epi32(15)));
     hi->v = _mm512_cvtepi32_ps(_mm512_srli_epi32(w, 4));
 }
+// f of the same 32 values, for an f that maps each lane on its own (a block's scale and
+// offset): the 16 values a nibble can take mapped at once, then looked up (a permute reads
+// an index's low four bits, so the low nibbles need no mask). One vector of f's arithmetic
+// where decoding each value takes four conversions and operations; the values are f's own.
+template <class F>
+inline void vload_u4_map(const uint8_t* p, F f, V16* lo, V16* hi) {
+    const V16 table = f(V16{_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)});
+    const __m512i w = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p));
+    lo->v = _mm512_permutexvar_ps(w, table.v);
+    hi->v = _mm512_permutexvar_ps(_mm512_srli_epi32(w, 4), table.v);
+}
 // 16 signed bytes.
 inline V16 vload_i8(const int8_t* p) {
     return {_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)))};
@@ -263,6 +274,13 @@ inline void vload_u4(const uint8_t* p, V16* lo, V16* hi) {
     *lo = {_mm256_cvtepi32_ps(_mm256_and_si256(w0, mask)), _mm256_cvtepi32_ps(_mm256_and_si256(w1, mask))};
     *hi = {_mm256_cvtepi32_ps(_mm256_srli_epi32(w0, 4)), _mm256_cvtepi32_ps(_mm256_srli_epi32(w1, 4))};
 }
+// f of the same 32 values (f maps each lane on its own).
+template <class F>
+inline void vload_u4_map(const uint8_t* p, F f, V16* lo, V16* hi) {
+    vload_u4(p, lo, hi);
+    *lo = f(*lo);
+    *hi = f(*hi);
+}
 inline V16 vload_i8(const int8_t* p) {
     const __m128i b = _mm_loadu_si128((const __m128i*)p);
     return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)),
@@ -381,6 +399,13 @@ inline void vload_u4(const uint8_t* p, V16* lo, V16* hi) {
     *lo = u8x16(vandq_u8(b, vdupq_n_u8(15)));
     *hi = u8x16(vshrq_n_u8(b, 4));
 }
+// f of the same 32 values (f maps each lane on its own).
+template <class F>
+inline void vload_u4_map(const uint8_t* p, F f, V16* lo, V16* hi) {
+    vload_u4(p, lo, hi);
+    *lo = f(*lo);
+    *hi = f(*hi);
+}
 inline V16 vload_i8(const int8_t* p) {
     const int8x16_t b = vld1q_s8(p);
     const int16x8_t l = vmovl_s8(vget_low_s8(b)), h = vmovl_s8(vget_high_s8(b));
@@ -459,6 +484,13 @@ inline void vload_u4(const uint8_t* p, V16* lo, V16* hi) {
         lo->f[i] = (float)(p[i] & 15);
         hi->f[i] = (float)(p[i] >> 4);
     }
+}
+// f of the same 32 values (f maps each lane on its own).
+template <class F>
+inline void vload_u4_map(const uint8_t* p, F f, V16* lo, V16* hi) {
+    vload_u4(p, lo, hi);
+    *lo = f(*lo);
+    *hi = f(*hi);
 }
 inline V16 vload_i8(const int8_t* p) {
     V16 r;
