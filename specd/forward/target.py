@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from ..errors import BadInputError
 from ..kvcache import KVCache
-from . import architectures, blocks, cpu_kernels, lean_model, pricing, products
+from . import architectures, blocks, cpu_kernels, early_layers, lean_model, pricing, products
 from .blocks import BlockWeight
 from .compiled import CompiledStep, KernelStep, choose
 from .fastpath import FastDecoder
@@ -317,47 +317,7 @@ class Target:
                 cache.length, cache.length + len(tokens), device=self.device
             ).unsqueeze(0)
             return self.fast.forward(cache, ids, pos, None, layers=layers)[0]
-        parts = self._decoder_parts()
-        embed, rotary, blocks, norm = parts
-        past = cache.length
-        n = len(tokens)
-        ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)  # [1, T]
-        position_ids = torch.arange(past, past + n, device=self.device).unsqueeze(0)
-        mask = None
-        if n > 1:
-            _, mask = tree_mask(list(range(-1, n - 1)), past, self.dtype, self.device)
-        h = embed(ids)  # [1, T, H]
-        pos_emb = rotary(h, position_ids=position_ids)
-        for block in blocks[:layers]:
-            h = block(
-                h,
-                attention_mask=mask,
-                position_ids=position_ids,
-                position_embeddings=pos_emb,
-                use_cache=True,
-                **{self._layer_cache_kw: cache.hf},
-            )
-            if isinstance(h, tuple):
-                h = h[0]
-        return self.model.get_output_embeddings()(norm(h))[0]
-
-    def _decoder_parts(self):
-        decoder = self.model.get_decoder() if hasattr(self.model, "get_decoder") else None
-        parts = tuple(
-            getattr(decoder, a, None) for a in ("embed_tokens", "rotary_emb", "layers", "norm")
-        )
-        if decoder is None or any(p is None for p in parts):
-            raise NotImplementedError(
-                f"{type(self.model).__name__} does not expose embed_tokens/rotary_emb/layers/norm; "
-                "early exit needs a Llama-style decoder"
-            )
-        return parts
-
-    @property
-    def _layer_cache_kw(self) -> str:
-        _, _, blocks, _ = self._decoder_parts()
-        params = inspect.signature(blocks[0].forward).parameters
-        return "past_key_values" if "past_key_values" in params else "cache"
+        return early_layers.forward(self.model, cache, tokens, layers)
 
     def _run(
         self,
