@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from specd import Draft, SamplingParams, Verdict, Verifier, hookimpl
+from specd import Draft, SamplingParams, Verdict, Verifier, argmax, hookimpl
 
 
 class GreedyVerifier(Verifier):
@@ -19,7 +19,7 @@ class GreedyVerifier(Verifier):
     def verify(
         self, draft: Draft, p: torch.Tensor, params: SamplingParams, generator: torch.Generator
     ) -> Verdict:
-        choice = p.argmax(dim=-1).tolist()  # [N + 1]: the target's token at each row
+        choice = argmax(p).tolist()  # [N + 1]: the target's token at each row
         path: list[int] = []
         node = -1
         while True:

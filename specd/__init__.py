@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from .limits import ContextLengthExceeded, ContextLimits, RequestMemory, request_memory
     from .ngram_index import CorpusIndex, NgramIndex
     from .registry import make_drafter
-    from .sampling import SamplingParams, sample, warp
+    from .sampling import SamplingParams, argmax, sample, warp
     from .stats import Stats, percentile
     from .textstream import find_stop, held_back
 
@@ -73,6 +73,7 @@ _SOURCES = {
     "make_drafter": "registry",
     "percentile": "stats",
     "request_memory": "limits",
+    "argmax": "sampling",
     "sample": "sampling",
     "tiny_model": "forward.tiny",
     "warp": "sampling",
@@ -112,6 +113,7 @@ __all__ = [
     "make_drafter",
     "percentile",
     "request_memory",
+    "argmax",
     "sample",
     "tiny_model",
     "warp",

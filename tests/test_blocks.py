@@ -194,13 +194,13 @@ def test_row_lookups_decode_only_those_rows(monkeypatch):
     w = weight("q8_0", rows=300)
     full = w.dequantize()
     decoded: list[tuple[int, ...]] = []
-    real = blocks.decode
+    real = blocks.decode_rows
 
     def spy(raw, fmt):
         decoded.append(tuple(raw.shape))
         return real(raw, fmt)
 
-    monkeypatch.setattr(blocks, "decode", spy)
+    monkeypatch.setattr(blocks, "decode_rows", spy)
     monkeypatch.setattr(BlockWeight, "dequantize", lambda self: pytest.fail("decoded all"))
     ids = torch.tensor([[3, 299], [0, 3]])
     row = 96 // 32 * 34

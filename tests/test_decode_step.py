@@ -176,6 +176,11 @@ def test_bad_calls_are_refused_with_what_was_wrong():
     short = [(k[:, :, :4], v[:, :, :4]) for k, v in bufs]
     with pytest.raises(ValueError, match="cannot take positions 4-4"):
         run(torch.tensor([1]), cos, sin, short, 4)
+    # the same buffers as a pass that took them are still checked against the positions
+    run(torch.tensor([1]), cos, sin, bufs, 4)
+    end = bufs[0][0].shape[2]
+    with pytest.raises(ValueError, match=f"cannot take positions {end}-{end}"):
+        run(torch.tensor([1]), cos, sin, bufs, end)
 
 
 @needs_kernel

@@ -398,3 +398,15 @@ def test_a_long_prefill_on_blocks_multiplies_by_prepacked_values(monkeypatch):
         torch.testing.assert_close(
             fast.layer(i).values, plain.layer(i).values, rtol=1e-5, atol=1e-5
         )
+
+
+def test_rotary_rows_are_the_rotary_modules_values_bit_for_bit():
+    fast = Target(MODELS["llama"], CharTokenizer(VOCAB)).fast
+    assert fast is not None
+    for positions, end in [([0], 1), ([5, 6, 7], 8), ([300], 301), ([2, 3, 3, 4], 600)]:
+        pos = torch.tensor([positions])
+        cos, sin = fast.rotary_rows(pos, end)  # the tables grow past 256 rows on the way
+        want_cos, want_sin = fast.rotary_at(pos)
+        assert torch.equal(cos, want_cos[0, 0]) and torch.equal(sin, want_sin[0, 0])
+        assert cos.shape == (len(positions), fast.head_dim)
+    assert fast._rotary_end >= 600

@@ -151,3 +151,21 @@ def test_prefill_allocates_the_prompt_once():
     assert buffers is not None
     k, _ = buffers[0]
     assert k.shape[2] >= cache.length and torch.count_nonzero(k[:, :, cache.length :]) == 0
+
+
+def test_live_keys_and_values_follow_the_length():
+    cache = TARGET.new_cache(capacity=4)
+    TARGET.prefill(cache, [1, 2, 3, 4, 5, 6])  # grows past its capacity
+    layer = cache.layer(0)
+    assert layer.keys.shape[2] == layer.values.shape[2] == 6
+    full = layer.keys.clone()
+    cache.crop(3)
+    assert layer.keys.shape[2] == layer.values.shape[2] == 3
+    assert torch.equal(layer.keys, full[:, :, :3])
+    cache.advance(2)  # two positions a step wrote into the buffers
+    assert layer.keys.shape[2] == 5 and torch.equal(layer.keys[:, :, :3], full[:, :, :3])
+    cache.keep(1, [2, 4])
+    assert layer.keys.shape[2] == 3
+    assert torch.equal(layer.keys[:, :, 1], full[:, :, 2])
+    layer.reset()
+    assert layer.keys.shape[2] == 0

@@ -5,7 +5,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from specd import BadInputError, SamplingParams, warp
+from specd import BadInputError, SamplingParams, argmax, warp
 
 logit_vectors = st.lists(st.floats(-20, 20, allow_nan=False), min_size=2, max_size=30)
 
@@ -16,6 +16,20 @@ def test_greedy_is_one_hot_at_the_first_argmax(logits):
     p = warp(x, SamplingParams())
     assert p.sum() == 1 and p.max() == 1
     assert int(p.argmax()) == int(x.argmax())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_argmax_is_torchs_first_index_of_the_largest(dtype):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 49, generator=g).to(dtype)
+    x[1, [3, 17, 40]] = 9.0  # ties: the first one
+    x[2, 5], x[2, 30] = float("nan"), float("nan")  # a NaN counts as the largest
+    x[3] = float("-inf")  # nothing allowed: index 0
+    x[4, 48] = float("inf")
+    for rows in (x, x[0], x[:, ::2], x[None]):
+        got = argmax(rows)
+        assert got.dtype == torch.int64 and torch.equal(got, rows.argmax(dim=-1))
+    assert [int(argmax(x[i])) for i in range(6)] == x.argmax(dim=-1).tolist()
 
 
 @given(logits=logit_vectors, t=st.floats(0.05, 5), k=st.integers(0, 40), top_p=st.floats(0.01, 1.0))

@@ -144,7 +144,7 @@ class BlockWeight:
                     f"a block weight takes a row index and at most a column index, not {index!r}"
                 )
             index, cols = index if len(index) == 2 else (index[0], None)
-        rows = decode(self.data[index], self.fmt)
+        rows = decode_rows(self.data[index], self.fmt)
         return rows if cols is None else rows[..., cols]
 
     def __repr__(self) -> str:
@@ -166,6 +166,19 @@ class BlockWeight:
             f"{name} is not supported on a quantized weight ({fmt} blocks); only F.linear, "
             f"F.embedding and row indexing are; call .dequantize() for a float32 copy"
         )
+
+
+def decode_rows(raw: torch.Tensor, fmt: Format) -> torch.Tensor:
+    """The float32 values ``[..., cols]`` of rows of blocks ``[..., row bytes]``, exactly: by
+    the step kernel's decoder where the CPU kernels load (one call, where :func:`decode`
+    runs a dozen operations: a step's embedding rows), else by :func:`decode`."""
+    whole = raw.dim() > 0 and raw.shape[-1] % fmt.block_bytes == 0  # bfloat16 rows may not be
+    if raw.device.type != "cpu" or not whole or not cpu_kernels.available():
+        return decode(raw, fmt)
+    many = raw.reshape(-1, raw.shape[-1]).contiguous()
+    cols = raw.shape[-1] // fmt.block_bytes * 32
+    out = cpu_kernels.dequantize(many.data_ptr(), fmt.code, many.shape[0], cols)
+    return out.reshape(*raw.shape[:-1], cols)
 
 
 def _linear(

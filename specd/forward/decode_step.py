@@ -7,6 +7,8 @@ against the eager pass (:func:`specd.forward.step.check`).
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from ..kvcache import KVCache
@@ -92,6 +94,10 @@ class DecodeStep:
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
         self.eps, self.scale = eps, scale
         self._rows = embed.shape[0]
+        # the cache buffers of the last pass and their table (_cache_table)
+        self._buffers: list[tuple[weakref.ref, weakref.ref]] | None = None
+        self._capacity = 0
+        self._table_of_buffers = torch.empty(0, dtype=torch.int64)
 
     def _checked(
         self, name: str, w: Weight | None, shape: tuple[int, ...], blocks: bool = False
@@ -149,19 +155,7 @@ class DecodeStep:
                     f"decode step kernel: tree mask {tuple(tree.shape)}, expected {(t, t)}"
                 )
             tree = tree.to(torch.uint8).contiguous()
-        cache = []
-        for k, v in buffers:
-            for x in (k, v):
-                ok = x.dim() == 4 and x.shape[0] == 1 and x.shape[1] == self.kv_heads
-                ok = ok and x.shape[3] == d and x.dtype == torch.float32 and x.device.type == "cpu"
-                if not ok or x.stride(3) != 1 or x.stride(2) != d or x.shape[2] < past + t:
-                    raise ValueError(
-                        f"decode step kernel: cache buffer {tuple(x.shape)} {x.dtype} cannot take "
-                        f"positions {past}-{past + t - 1} "
-                        f"(expected float32 [1, {self.kv_heads}, >= {past + t}, {d}])"
-                    )
-            cache += [k.data_ptr(), v.data_ptr(), k.stride(1), v.stride(1)]
-        table = torch.tensor(cache, dtype=torch.int64)
+        table = self._cache_table(buffers, past, t)
         x = self._embed_rows[ids].contiguous()  # [T, H] float32 (blocks decode those rows)
         threads = torch.get_num_threads()
         step = cpu_kernels.step_function()
@@ -177,6 +171,36 @@ class DecodeStep:
             logits.data_ptr(), hidden.data_ptr(), work.data_ptr(), threads,
         )  # fmt: skip
         return logits, hidden
+
+    def _cache_table(
+        self, buffers: list[tuple[torch.Tensor, torch.Tensor]], past: int, t: int
+    ) -> torch.Tensor:
+        """The kernel's table of the cache buffers (each layer's key and value pointers and
+        head strides), checked to hold positions ``past .. past + t - 1``: built once for a
+        set of buffers and kept while a cache passes the same ones (they change only as it
+        grows), which saves checking 60 buffers a step."""
+        kept = self._buffers
+        same = kept is not None and len(buffers) == len(kept)
+        same = same and all(k is k0() and v is v0() for (k, v), (k0, v0) in zip(buffers, kept))
+        end = past + t
+        if same and end <= self._capacity:
+            return self._table_of_buffers
+        d, cache = self.head_dim, []
+        for k, v in buffers:
+            for x in (k, v):
+                ok = x.dim() == 4 and x.shape[0] == 1 and x.shape[1] == self.kv_heads
+                ok = ok and x.shape[3] == d and x.dtype == torch.float32 and x.device.type == "cpu"
+                if not ok or x.stride(3) != 1 or x.stride(2) != d or x.shape[2] < end:
+                    raise ValueError(
+                        f"decode step kernel: cache buffer {tuple(x.shape)} {x.dtype} cannot take "
+                        f"positions {past}-{end - 1} "
+                        f"(expected float32 [1, {self.kv_heads}, >= {end}, {d}])"
+                    )
+            cache += [k.data_ptr(), v.data_ptr(), k.stride(1), v.stride(1)]
+        self._buffers = [(weakref.ref(k), weakref.ref(v)) for k, v in buffers]  # not kept alive
+        self._capacity = min(x.shape[2] for kv in buffers for x in kv)
+        self._table_of_buffers = torch.tensor(cache, dtype=torch.int64)
+        return self._table_of_buffers
 
 
 def _format(w: Weight) -> int:
@@ -243,5 +267,5 @@ def run(
     buffers = cache.buffers(past + t)
     if buffers is None:
         return None
-    cos, sin = fast.rotary_at(position_ids)
+    cos, sin = fast.rotary_rows(position_ids, past + t)
     return step(ids[0], cos, sin, buffers, past, tree)

@@ -76,6 +76,8 @@ class FastDecoder:
             return copies[t.data_ptr()]
 
         self.rotary = decoder.rotary_emb
+        self._rotary_end = 0  # positions the rotary tables hold (rotary_rows)
+        self._cos_rows = self._sin_rows = torch.empty(0)
         self.embed = w(decoder.embed_tokens.weight)
         self.norm = w(decoder.norm.weight)
         self.eps = float(decoder.norm.variance_epsilon)
@@ -413,6 +415,23 @@ class FastDecoder:
         """:meth:`rotary_tables` in the activations' dtype, on the weights' device."""
         like = torch.empty(1, 1, 0, dtype=self.embed.dtype, device=self.embed.device)
         return self.rotary_tables(like, position_ids)
+
+    def rotary_rows(
+        self, position_ids: torch.Tensor, end: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin ``[T, D]`` at ``position_ids`` ``[1, T]`` (each below ``end``), as
+        :meth:`rotary_at` computes them: rows of tables of every position below the largest
+        ``end`` asked so far, made by the rotary module (a row equals what it computes for
+        that position alone, bit for bit). A step indexes two tables instead of running the
+        module's operations, which right after a step's stream of weights run from cold
+        caches."""
+        if end > self._rotary_end:
+            n = max(end, 2 * self._rotary_end, 256)
+            cos, sin = self.rotary_at(torch.arange(n, device=self.embed.device)[None])
+            self._cos_rows, self._sin_rows = cos[0, 0], sin[0, 0]  # [n, D]
+            self._rotary_end = n
+        idx = position_ids.reshape(-1)
+        return self._cos_rows[idx], self._sin_rows[idx]
 
     def _lm_head(self, x: torch.Tensor) -> torch.Tensor:
         """Logits ``[T, V]`` from final hidden states ``[T, H]``."""
