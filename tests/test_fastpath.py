@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specd.forward import architectures, fastpath, products
+from specd.forward import architectures, fastpath, products, weight_products
 from specd.forward.target import Target
 from specd.forward.tiny import CharTokenizer, tiny_model
 
@@ -255,7 +255,7 @@ def test_auto_packs_prefills_only_where_that_measures_faster(monkeypatch):
             products,
             "packed_is_faster",
             lambda w, f, rows=(8, 12), p=prefill_faster, **_: (
-                p or rows != (fastpath.PACKED_PREFILL_ROWS,)
+                p or rows != (weight_products.PACKED_PREFILL_ROWS,)
             ),
         )
         target = Target(model, CharTokenizer(VOCAB), fast=True)
@@ -294,7 +294,7 @@ def test_decoders_of_one_model_use_the_same_products(monkeypatch):
     """Guards against each decoder timing the products on its own: on a noisy machine two
     targets over the same weights could pick different ones and round differently."""
     answers = iter([True, False, True, False])
-    monkeypatch.setattr(fastpath, "_WEIGHT_MAJOR", {})
+    monkeypatch.setattr(weight_products, "_WEIGHT_MAJOR", {})
     monkeypatch.setattr(products, "weight_major_is_faster", lambda w: next(answers))
     model = tiny_model(VOCAB, num_layers=2, seed=5, dtype=torch.float32)
     picks = {Target(model, CharTokenizer(VOCAB)).fast._weight_major for _ in range(3)}
@@ -321,7 +321,7 @@ def test_target_linear_is_the_kernels_product_or_the_lean_forwards(monkeypatch, 
 
     if kernels and not cpu_kernels.available():
         pytest.skip(f"the CPU kernels do not run here: {cpu_kernels.reason}")
-    monkeypatch.setattr(fastpath, "_WEIGHT_MAJOR", {})
+    monkeypatch.setattr(weight_products, "_WEIGHT_MAJOR", {})
     monkeypatch.setattr(products, "weight_major_is_faster", lambda w: major)
     if not kernels:
         monkeypatch.setattr(cpu_kernels, "available", lambda: False)

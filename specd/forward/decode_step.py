@@ -179,8 +179,8 @@ class DecodeStep:
         head strides), checked to hold positions ``past .. past + t - 1``: built once for a
         set of buffers and kept while a cache passes the same ones (they change only as it
         grows), which saves checking 60 buffers a step."""
-        kept = self._buffers
-        same = kept is not None and len(buffers) == len(kept)
+        kept = self._buffers or []
+        same = len(buffers) == len(kept) > 0
         same = same and all(k is k0() and v is v0() for (k, v), (k0, v0) in zip(buffers, kept))
         end = past + t
         if same and end <= self._capacity:

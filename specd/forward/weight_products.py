@@ -1,0 +1,185 @@
+"""Which product multiplies the lean forward's weights: prepacked copies (oneDNN's blocked
+layout) for the passes where they measure faster, weight-major products of a few rows where
+those do, and for weights stored as blocks, their values decoded for one product (or packed
+for one prefill pass). :class:`WeightProducts` is the part of
+:class:`~specd.forward.fastpath.FastDecoder` that chooses and runs them; it reads the decoder's
+``layers``, ``embed``, ``lm_head`` and ``quantized``."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from . import cpu_kernels, products
+from .blocks import BlockWeight
+
+log = logging.getLogger(__name__)
+
+#: Row counts (tokens in one pass) that use prepacked weights, where they are faster: a
+#: verify pass of a few draft tokens. One or two rows use them where that measures faster.
+PACKED_ROWS = range(3, products.PACK_ROWS + 1)
+#: Passes of more rows than :data:`PACKED_ROWS` (a prefill) use the same prepacked weights
+#: where they measure faster for this many rows.
+PACKED_PREFILL_ROWS = 256
+#: Decoder weights larger than this are not packed (the copy would double their memory).
+PACKED_MAX_BYTES = 2 << 30
+#: Which product won, per weight shapes and thread count: measured once per process, so
+#: two decoders of one model compute the same arithmetic (and the same tokens).
+_WEIGHT_MAJOR: dict[tuple[Any, ...], bool] = {}
+
+
+class WeightProducts:
+    """Products of the lean forward's weights (a part of ``FastDecoder``)."""
+
+    layers: list[Any]
+    embed: Any
+    lm_head: Any
+    quantized: bool
+
+    def _init_products(self) -> None:
+        # Which matrix product streams weights fastest depends on the CPU, its threads and
+        # the dtype: measured here, once.
+        self._cpu32 = (
+            self.embed.device.type == "cpu"
+            and self.embed.dtype == torch.float32
+            and not self.quantized
+        )
+        mlp = [m for L in self.layers for m in (L.wg, L.wu, L.wd)]
+        key = (tuple(tuple(m.shape) for m in mlp), torch.get_num_threads())
+        if self._cpu32 and key not in _WEIGHT_MAJOR:
+            _WEIGHT_MAJOR[key] = products.weight_major_is_faster(mlp)
+        self._weight_major = self._cpu32 and _WEIGHT_MAJOR[key]
+        self._packed: dict[int, torch.Tensor] = {}
+        self._packed_step = False  # whether passes of fewer rows than PACKED_ROWS use them
+        self._packed_prefill = False  # whether passes past PACKED_ROWS use them too
+        # On a CPU, a compiled one-token step (specd.compiled) computes products and
+        # attention as plain reductions the compiler fuses.
+        self._cpu = self.embed.device.type == "cpu"
+
+    @property
+    def weight_major(self) -> bool:
+        """Whether products of a few rows are computed weight-major (measured faster)."""
+        return self._weight_major
+
+    @torch.no_grad()
+    def pack(self, mode: str = "auto") -> bool:
+        """Keep oneDNN's blocked layout of each decoder weight and of the LM head for passes
+        of a few tokens (:data:`PACKED_ROWS`: verifying a draft): on one 2-vCPU EPYC a pass
+        of 9 tokens took 61 ms instead of 91 at 1k context (``scripts/step_cost.py``); for
+        one- and two-token steps where that measures faster too (the same CPU: the step's
+        products ~18 ms instead of ~27 in isolation, the LM head 2.3 ms instead of 4.2); and
+        for a prefill's passes where that measures faster (~200 GFLOP/s against ~150 for
+        256-1,024 rows). A copy of the weights: it costs their size in memory again.
+
+        :param mode: ``on`` (CPU float32 weights, every pass); ``auto``: only where it
+            measures at least 10% faster, for each kind of pass, and the weights are at most
+            :data:`PACKED_MAX_BYTES`; ``off``.
+        :returns: whether the packed weights are in use.
+        """
+        self._packed, self._packed_step, self._packed_prefill = {}, False, False
+        weights = [m for L in self.layers for m in (L.wq, L.wk, L.wv, L.wo, L.wg, L.wu, L.wd)]
+        if mode == "off" or not self._cpu32 or not products.packable():
+            return False
+        weights.append(self.lm_head)
+        size = sum(m.numel() * m.element_size() for m in weights)
+        mlp = [m for L in self.layers for m in (L.wg, L.wu, L.wd)][:24]
+        if mode == "auto":
+            if size > PACKED_MAX_BYTES or not products.packed_is_faster(mlp, self._linear):
+                return False
+        for m in weights:
+            self._packed.setdefault(m.data_ptr(), products.pack(m))
+        self._packed_step = mode == "on" or products.packed_is_faster(
+            mlp[:12] + [self.lm_head], self._linear, (1, 2), packed=self._packed
+        )
+        self._packed_prefill = mode == "on" or products.packed_is_faster(
+            mlp[:6], self._linear, (PACKED_PREFILL_ROWS,), packed=self._packed
+        )
+        uses = ["verify passes of a few tokens"]
+        uses += ["one-token steps"] if self._packed_step else []
+        uses += ["prefills"] if self._packed_prefill else []
+        log.info("%s use prepacked weights (%d MB)", ", ".join(uses), size >> 20)
+        return True
+
+    def _linear(
+        self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``x @ w.T + b`` for ``x`` of shape ``[..., K]``.
+
+        On some CPUs in float32, a product with a handful of rows is much faster computed
+        as ``w @ x.T`` (MKL streamed the weight at ~29 GB/s instead of ~6-10 GB/s with
+        ``F.linear`` on one machine), with one row padded to two; on others it is slower.
+        Which one runs is measured when the decoder is built, and so is which passes use
+        the prepacked weights (:meth:`pack`).
+        """
+        if isinstance(w, BlockWeight):  # a float32 copy for this product, then dropped
+            n = x.numel() // x.shape[-1]
+            if n > PACKED_ROWS[-1] and self._packs_blocks():  # a prefill's: oneDNN's layout
+                packed = products.pack(self._block_values(w))
+                rows = x.reshape(n, x.shape[-1])
+                return products.packed_linear(rows, packed, b).reshape(*x.shape[:-1], -1)
+            return F.linear(x, self._block_values(w), b)
+        lead = x.shape[:-1]
+        rows = x.reshape(-1, x.shape[-1])
+        n = rows.shape[0]
+        if torch.compiler.is_compiling():
+            if n == 1 and self._cpu:
+                # One row, compiled on a CPU: a reduction over each weight row, which the
+                # compiler turns into one vectorised loop streaming the weight (MKL's and
+                # oneDNN's one-row products stream it at half a plain read's speed).
+                y = (w * rows).sum(-1)
+                return (y if b is None else y + b).reshape(*lead, w.shape[0])
+            return F.linear(x, w, b)  # several rows: the compiler's own product
+        packed = self._packed_weight(n, w)
+        if packed is not None:
+            return products.packed_linear(rows, packed, b).reshape(*lead, w.shape[0])
+        if not self._weight_major or n > 16:
+            return F.linear(x, w, b)
+        y = products.weight_major(rows, w)  # [n, N]
+        if b is not None:
+            y = y + b
+        return y.reshape(*lead, w.shape[0])
+
+    @staticmethod
+    def _block_values(w: BlockWeight) -> torch.Tensor:
+        """``w``'s float32 values, in this thread's scratch buffer where the kernels run
+        (valid until the next such call): a product's copy, dropped right after it."""
+        if w.data.device.type == "cpu" and cpu_kernels.available():
+            rows, cols = w.shape
+            return cpu_kernels.dequantize(w.data_ptr(), w.fmt.code, rows, cols, scratch=True)
+        return w.dequantize()
+
+    def _packs_blocks(self) -> bool:
+        """Whether a prefill on blocks multiplies by oneDNN's prepacked copy of each weight's
+        values, made for that pass (with the MLP's operations fused into the products where
+        this torch build fuses them): on the 2-vCPU EPYC of docs/benchmarks.md a 1k-token
+        prefill of the default model 1.47-1.54 s against 1.56-1.69 s through ``F.linear``."""
+        return self.quantized and self._cpu and products.packable()
+
+    def _packed_weight(self, n: int, w: torch.Tensor) -> torch.Tensor | None:
+        """The prepacked copy of ``w`` where a product of ``n`` rows uses it (:meth:`pack`)."""
+        if self._packed and (
+            n in PACKED_ROWS
+            or (n < PACKED_ROWS[0] and self._packed_step)
+            or (n > PACKED_ROWS[-1] and self._packed_prefill)
+        ):
+            return self._packed.get(w.data_ptr())
+        return None
+
+    def _fused(self, n: int, weights: tuple[torch.Tensor, ...]) -> list[torch.Tensor] | None:
+        """The prepacked copies of ``weights`` where a prefill pass of ``n`` rows uses them
+        and the products can fuse the operations after them (:func:`products.fuses`).
+        Passes of a few rows keep the separate operations: for them the fused products did
+        not measure faster (a 9-token pass 38-49 ms either way, alternating)."""
+        if n <= PACKED_ROWS[-1] or torch.compiler.is_compiling():
+            return None
+        if all(isinstance(w, BlockWeight) for w in weights) and self._packs_blocks():
+            if not products.fuses():
+                return None
+            return [products.pack(self._block_values(w)) for w in weights]  # type: ignore[arg-type]
+        if not self._packed or not products.fuses():
+            return None
+        packed = [self._packed_weight(n, w) for w in weights]
+        return None if any(p is None for p in packed) else packed  # type: ignore[return-value]
