@@ -1,7 +1,8 @@
 """Decoding alone, per drafter: editor prompts through one engine, the drafters in the order
 given (repeat a name to run it again), each request on an empty prefix cache; for each,
-the milliseconds a new token took after the prefill, target passes, drafted tokens, and the
-seconds spent drafting and verifying. The engine's own clock of each drafter's cost
+the milliseconds a new token took after the prefill and how many of them the step kernel
+itself took (the rest is Python and torch around it), target passes, drafted tokens, and
+the seconds spent drafting and verifying. The engine's own clock of each drafter's cost
 (``DraftClock``, in one-token steps) is printed too.
 
     python scripts/decode_rates.py none eagle none eagle hybrid ngram
@@ -10,23 +11,45 @@ seconds spent drafting and verifying. The engine's own clock of each drafter's c
 from __future__ import annotations
 
 import sys
+import time
 
 from specd import Engine, SamplingParams
 from specd.bench import workloads
+from specd.forward import cpu_kernels
 from specd.prefix_cache import PrefixCache
+
+_kernel_s = [0.0]
+
+
+def _timed_step_function():
+    """The step kernel's entry point, timed (each call adds its seconds to ``_kernel_s``)."""
+    step = _step_function()
+
+    def call(*args):
+        t = time.perf_counter()
+        step(*args)
+        _kernel_s[0] += time.perf_counter() - t
+
+    return call
+
+
+_step_function = cpu_kernels.step_function
 
 
 def main() -> None:
     drafters = sys.argv[1:] or ["none", "ngram", "hybrid", "eagle"]
+    cpu_kernels.step_function = _timed_step_function  # type: ignore[assignment]
     engine = Engine.load()
     prompts = workloads.build("editor", engine.target, limit=4)
     engine.generate(prompts[0].ids, SamplingParams(max_tokens=8), drafter=drafters[0])  # warm
     for name in drafters:
         tokens = steps = drafted = 0
-        draft_s = verify_s = decode_s = 0.0
+        draft_s = verify_s = decode_s = kernel_s = 0.0
         for prompt in prompts:
             engine.prefix_cache = PrefixCache(engine.target.new_cache, max_entries=4)
+            _kernel_s[0] = 0.0  # the 1k-token prompts' prefill runs no step kernel pass
             stats = engine.generate(prompt.ids, SamplingParams(max_tokens=64), drafter=name).stats
+            kernel_s += _kernel_s[0]
             tokens += stats.new_tokens
             steps += stats.target_steps
             drafted += stats.drafted
@@ -36,7 +59,8 @@ def main() -> None:
         clock = engine._clocks.get(name)
         cost = f"{clock.cost(4):.2f}" if clock is not None else "-"
         print(
-            f"{name:8s} {decode_s / tokens * 1e3:6.2f} ms/token, {steps} passes for {tokens} "
+            f"{name:8s} {decode_s / tokens * 1e3:6.2f} ms/token ({kernel_s / tokens * 1e3:.2f} in "
+            f"the step kernel), {steps} passes for {tokens} "
             f"tokens, {drafted} drafted; drafting {draft_s:.2f} s, verifying {verify_s:.2f} s; "
             f"a 4-token draft costs {cost} steps"
         )

@@ -55,6 +55,8 @@ HEAD_DIM = 64
 MIN_TOKENS = 16
 #: The most new tokens the step kernel takes (:class:`specd.forward.decode_step.DecodeStep`).
 STEP_TOKENS = 16
+#: Values below which :func:`dequantize` decodes on the calling thread alone.
+SMALL_DEQUANTIZE = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -209,7 +211,9 @@ def dequantize(
         out = buffer("dequantize", rows * cols)[: rows * cols].view(rows, cols)
     else:
         out = torch.empty(rows, cols, dtype=torch.float32)
-    _library().dequantize(data_ptr, code, rows, cols, out.data_ptr(), torch.get_num_threads())
+    # a few rows (a step's embedding rows) on this thread: waking the others costs more
+    threads = torch.get_num_threads() if rows * cols >= SMALL_DEQUANTIZE else 1
+    _library().dequantize(data_ptr, code, rows, cols, out.data_ptr(), threads)
     return out
 
 
