@@ -31,7 +31,8 @@ class DraftContext:
     before the first one the cache does not hold (row ``i`` belongs to
     ``tokens[cache.length - T + i]``): at :meth:`Drafter.start` those of the prompt the
     prefill computed (the prefix cache keeps them for reused tokens; when it has none, only
-    the tokens the prefill computed; for a drafter without ``reads_cache`` the prefill may
+    the tokens the prefill computed; only the last ``Drafter.feature_rows`` where the drafter
+    sets it; for a drafter without ``reads_cache`` the prefill may
     leave the last prompt tokens to the first step), at :meth:`Drafter.commit` those of the
     last step's pending token and accepted draft tokens, preceded by the prompt tokens the
     prefill left when it was the first step, from the verify pass. They cost no
@@ -74,6 +75,11 @@ class Drafter:
     #: cache does not hold yet (one target pass instead of two on the next keystroke).
     #: Read like ``wants_hidden``.
     reads_cache: bool = True
+    #: With ``wants_hidden``: the most features of the prompt's last tokens the drafter reads
+    #: as a request starts (None: all the prefill computes). The prefill then runs its last
+    #: layer for those rows alone, and ``ctx.hidden`` at :meth:`start` holds only them.
+    #: Read like ``wants_hidden``.
+    feature_rows: int | None = None
 
     def start(self, ctx: DraftContext) -> None:
         """A request starts; ``ctx.tokens`` holds the prompt."""

@@ -266,11 +266,14 @@ class Engine:
         # a drafter that reads the target's features gets those of the prompt, too
         d = req.drafter_obj
         hidden: list[torch.Tensor] | None = [] if d is not None and d.wants_hidden else None
+        rows = getattr(d, "feature_rows", None) if hidden is not None else None
         # the last prompt tokens go with the first draft unless the drafter reads the cache, or
         # features when sampling: a seed draws alike whether the prompt's were cached or not
         feed = d is None or not (d.reads_cache or (d.wants_hidden and not req.params.greedy))
         leave = FEED_TOKENS - 1 if feed else 0
-        cache, stats.reused_tokens, why = self.prefill(req.prompt, req.stop_reason, hidden, leave)
+        cache, stats.reused_tokens, why = self.prefill(
+            req.prompt, req.stop_reason, hidden, leave, hidden_rows=rows
+        )
         stats.prefill_s = time.perf_counter() - t_start
         if why:  # cancelled or out of time during prefill; what was computed stays cached
             self.prefix_cache.release(cache, req.prompt[: cache.length])
@@ -346,15 +349,20 @@ class Engine:
         stop: Callable[[], str] | None = None,
         hidden: list[torch.Tensor] | None = None,
         leave: int = 0,
+        hidden_rows: int | None = None,
     ) -> tuple[KVCache, int, str]:
         """Bring a cache to hold ``prompt[:-1]``, reusing the longest cached prefix, with
         ``stop`` checked between prefill chunks (:data:`specd.forward.passes.PREFILL_CHUNK`);
         ``leave`` or fewer tokens left are not computed (the first step feeds them).
 
         :param hidden: receives the last hidden states of the tokens computed, by chunk.
+        :param hidden_rows: only those of the last this many tokens (``Drafter.feature_rows``).
         :returns: (cache, tokens reused from an earlier request, why it stopped early or "").
         """
-        return self.prefix_cache.prefill(prompt[:-1], self.target.prefill, stop, hidden, leave)
+        extend = self.target.prefill
+        if hidden_rows is not None:
+            extend = functools.partial(extend, hidden_rows=hidden_rows)
+        return self.prefix_cache.prefill(prompt[:-1], extend, stop, hidden, leave)
 
     def verify(
         self,

@@ -244,10 +244,14 @@ class KVCache:
         """The prompt's features for a drafter that reads them: those kept here for the
         ``reused`` positions followed by those the prefill ``computed``, and kept for the next
         request. When the reused part has none, only the computed ones (the drafter keeps its
-        own history)."""
+        own history); when the prefill computed those of its last tokens only (a drafter's
+        window), only those, and none are kept."""
         if computed is None:
             return None
         parts = list(computed)
+        if sum(p.shape[0] for p in parts) != self.length - reused:  # the last tokens' only
+            self.features = None
+            return torch.cat(parts) if parts else None
         if reused:
             kept = self.features
             if kept is None or kept.shape[0] != reused:

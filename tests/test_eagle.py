@@ -61,6 +61,29 @@ def test_greedy_eagle_is_identical_to_plain(head_file, prompt, shape):
     assert spec.token_ids == e.generate(prompt, params, drafter="none").token_ids
 
 
+@settings(max_examples=10)
+@given(prompt=st.lists(st.integers(0, VOCAB - 1), min_size=20, max_size=48))
+def test_a_window_shorter_than_the_prompt_prefills_its_features_alone(head_file, prompt):
+    """Prompts longer than the tokens a first step feeds (16) are prefilled first."""
+    e = engine(head_file, window=3)
+    seen: list[tuple[int, ...]] = []
+    real = EagleDrafter.start
+
+    def start(self, ctx):
+        seen.append(tuple(ctx.hidden.shape) if ctx.hidden is not None else ())
+        real(self, ctx)
+
+    EagleDrafter.start = start  # type: ignore[method-assign]
+    try:
+        params = SamplingParams(max_tokens=12)
+        spec = e.generate(prompt, params, drafter="eagle")
+    finally:
+        EagleDrafter.start = real  # type: ignore[method-assign]
+    # the prompt's last three features only, and the same tokens as plain decoding
+    assert seen == [(3, TARGET.config.hidden_size)]
+    assert spec.token_ids == e.generate(prompt, params, drafter="none").token_ids
+
+
 def test_both_forward_paths_return_the_features_the_lm_head_reads():
     """Bug guarded: the lean forward returned the hidden states before the final norm and
     Hugging Face's forward after it, so a head trained on one read garbage on the other."""

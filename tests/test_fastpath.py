@@ -410,3 +410,41 @@ def test_rotary_rows_are_the_rotary_modules_values_bit_for_bit():
         assert torch.equal(cos, want_cos[0, 0]) and torch.equal(sin, want_sin[0, 0])
         assert cos.shape == (len(positions), fast.head_dim)
     assert fast._rotary_end >= 600
+
+
+WIDE = tiny_model(VOCAB, hidden_size=256, num_layers=2, seed=3, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("chunk", [256, 7])
+@pytest.mark.parametrize(
+    "model, rows",
+    [("llama", 1), ("llama", 5), ("llama", 50), ("wide", 20)],  # wide: 64-wide float32 heads,
+)  # which the attention kernel takes where it loads (rows >= its 16)
+def test_a_prefill_for_the_last_features_writes_the_same_cache(monkeypatch, chunk, model, rows):
+    from specd.forward import target as target_module
+
+    monkeypatch.setattr(target_module, "PREFILL_CHUNK", chunk)
+    monkeypatch.setattr(target_module, "prefill_pieces", _pieces_of(chunk))
+    t = Target(MODELS["llama"] if model == "llama" else WIDE, CharTokenizer(VOCAB))
+    prompt = [(7 * i + 3) % VOCAB for i in range(41)]
+    full, last = t.new_cache(), t.new_cache()
+    every: list[torch.Tensor] = []
+    some: list[torch.Tensor] = []
+    t.prefill(full, prompt, hidden=every)
+    t.prefill(last, prompt, hidden=some, hidden_rows=rows)
+    want = torch.cat(every)[-rows:]
+    got = torch.cat(some)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    for i in range(t.num_layers):  # the keys and values are the full prefill's, bit for bit
+        assert torch.equal(last.layer(i).keys, full.layer(i).keys)
+        assert torch.equal(last.layer(i).values, full.layer(i).values)
+
+
+def _pieces_of(chunk: int):
+    from specd.forward.passes import prefill_pieces
+
+    def pieces(past, n, _chunk=chunk, *, first=False):
+        return prefill_pieces(past, n, chunk, first=True)
+
+    return pieces

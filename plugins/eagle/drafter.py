@@ -83,6 +83,7 @@ class EagleDrafter(Drafter):
         self.topk = max(1, int(topk))
         self.width = max(1, int(width))
         self.window = max(1, int(window))
+        self.feature_rows = self.window  # older features are never fed (_feed)
         self.max_draft = int(max_draft)
         self.min_prob = float(min_prob)
         self._for: Target | None = None

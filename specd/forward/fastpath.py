@@ -125,6 +125,7 @@ class FastDecoder(WeightProducts):
         layers: int | None = None,
         hidden: bool = False,
         logits: bool = True,
+        hidden_rows: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """:param ids: ``[1, T]`` token ids. :param position_ids: ``[1, T]``.
         :param mask: additive ``[1, 1, T, past + T]`` mask, or None for causal order.
@@ -132,9 +133,15 @@ class FastDecoder(WeightProducts):
         :param layers: stop after this many decoder layers (early exit).
         :param logits: False: only fill the cache (a prefill whose output nobody reads); the
             last layer then computes its keys and values and nothing after them.
+        :param hidden_rows: with ``hidden`` and without ``logits``, in causal order: the
+            hidden states of the last this many tokens only. The last layer writes every
+            token's keys and values and runs its attention and MLP for those rows alone.
         :returns: logits ``[T', V]`` (``[0, V]`` without ``logits``) and, when asked, the last
-        hidden states ``[T, H]`` after the final norm."""
+        hidden states ``[T, H]`` after the final norm (``[hidden_rows, H]`` when fewer)."""
         t = ids.shape[1]
+        chain = mask is None
+        tail = hidden_rows or 0
+        tail = tail if hidden and not logits and chain and 0 < tail < t else 0
         h = F.embedding(ids, self.embed)  # [1, T, H]
         cos, sin = self.rotary_tables(h, position_ids)
         past = cache.length
@@ -162,6 +169,21 @@ class FastDecoder(WeightProducts):
             keys, values = cache.layer(i).update(k, v)  # [1, KV, S, D]
             if cache_only and i == len(run) - 1:
                 return h.new_empty(0, self.lm_head.shape[0]), None
+            if tail and i == len(run) - 1:
+                # the last tokens' rows of the last layer: each sees every earlier position
+                q = q[:, :, -tail:]
+                if cpu_kernels.supports(tail, h.dtype, h.device, self.head_dim):
+                    o = cpu_kernels.attention(
+                        q, keys.to(q.dtype), values.to(q.dtype), self.scaling, None
+                    )
+                else:
+                    s = keys.shape[2]
+                    blocked = torch.ones(tail, s, dtype=torch.bool, device=h.device)
+                    rows = torch.zeros(tail, s, dtype=h.dtype, device=h.device)
+                    rows = rows.masked_fill_(blocked.triu_(s - tail + 1), torch.finfo(h.dtype).min)
+                    o = self.attend(q, keys, values, self.pack_mask(rows[None, None]))
+                h = self.mlp(L, h[:, -tail:], o)
+                break
             if kernel:
                 k32, v32 = keys.to(q.dtype), values.to(q.dtype)
                 o = cpu_kernels.attention(q, k32, v32, self.scaling, tree)

@@ -246,29 +246,39 @@ class Target:
         tokens: Sequence[int],
         stop: Callable[[], str] | None = None,
         hidden: list[torch.Tensor] | None = None,
+        hidden_rows: int | None = None,
     ) -> str:
         """Append ``tokens`` to the cache without computing their logits, in the passes
         :func:`prefill_pieces` gives.
 
         :param stop: checked before each chunk; a non-empty answer ends the prefill there.
         :param hidden: when given, each chunk's last hidden states ``[T, H]`` are appended.
+        :param hidden_rows: with ``hidden``, only those of the last this many tokens (what a
+            drafter reads): the passes before them fill the cache alone, and the pass that
+            holds them runs its last layer for their rows only. The passes and the keys and
+            values they write are the same either way.
         :returns: ``stop``'s answer when it ended the prefill early, else "".
         """
         # One allocation for the prompt and a first stretch of decoding.
         cache.reserve(cache.length + len(tokens) + PREFILL_CHUNK)
         stepped = self._prefill_steps(len(tokens))
         chunk = self.compiled.max_tokens if stepped and self.compiled else PREFILL_CHUNK
+        wanted_from = len(tokens) - (len(tokens) if hidden_rows is None else hidden_rows)
         for start, end in prefill_pieces(cache.length, len(tokens), chunk, first=stepped):
             why = stop() if stop is not None else ""
             if why:
                 return why
             piece = list(tokens[start:end])
+            # rows of this piece whose features are asked for
+            rows = 0 if hidden is None else max(0, end - max(start, wanted_from))
             if stepped:
-                out = self._run(cache, piece, None, keep=0, hidden=hidden is not None)
+                out = self._run(cache, piece, None, keep=0, hidden=rows > 0)
             else:
-                out = self._run(cache, piece, None, keep=1, hidden=hidden is not None, logits=False)
-            if hidden is not None and out.hidden is not None:
-                hidden.append(out.hidden)
+                out = self._run(
+                    cache, piece, None, keep=1, hidden=rows > 0, logits=False, hidden_rows=rows
+                )
+            if hidden is not None and rows and out.hidden is not None:
+                hidden.append(out.hidden[-rows:])
         return ""
 
     def _prefill_steps(self, n: int) -> bool:
@@ -329,6 +339,7 @@ class Target:
         hidden: bool = False,
         eager: bool = False,
         logits: bool = True,
+        hidden_rows: int | None = None,
     ) -> ForwardOut:
         past = cache.length
         n = len(tokens)
@@ -346,8 +357,9 @@ class Target:
         fast = self.prefill_fast if keep and self.prefill_fast is not None else self.fast
         if fast is not None:
             row, hs = fast.forward(
-                cache, ids, position_ids, mask, keep=keep, hidden=hidden, logits=logits
-            )
+                cache, ids, position_ids, mask, keep=keep, hidden=hidden, logits=logits,
+                hidden_rows=hidden_rows,
+            )  # fmt: skip
             return ForwardOut(logits=row, hidden=hs)
         kwargs: dict = {self._cache_kw: cache.hf, "use_cache": True, "logits_to_keep": keep}
         kwargs["position_ids"] = position_ids
