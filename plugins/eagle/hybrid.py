@@ -72,7 +72,8 @@ class HybridDrafter(Drafter):
         # what its parts do, as they come and go
         self.wants_hidden = any(p.wants_hidden for p in self.parts)
         self.reads_cache = any(p.reads_cache for p in self.parts)
-        rows = [p.feature_rows for p in self.parts if p.wants_hidden]
+        # the prompt's last features its parts read: the most any reads (None: all)
+        rows = [getattr(p, "feature_rows", None) for p in self.parts if p.wants_hidden]
         self.feature_rows = None if None in rows or not rows else max(rows)  # type: ignore[type-var]
 
     def _options(self, name: str, last: bool) -> dict[str, Any]:
