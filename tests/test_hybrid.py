@@ -174,3 +174,8 @@ def test_a_hybrid_with_no_part_left_is_unavailable_itself():
     h.names, h.parts = ["x"], [Unavailable()]
     with pytest.raises(DrafterUnavailable):
         h.start(ctx())
+
+
+def test_the_prompt_features_read_are_its_eagle_parts_window():
+    assert HybridDrafter(drafters="ngram,eagle", **{"eagle.window": 7}).feature_rows == 7
+    assert HybridDrafter(drafters="ngram").feature_rows is None  # reads no features at all
