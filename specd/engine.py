@@ -5,7 +5,8 @@ the last one (the *pending* token), so each target step feeds ``[pending, draft.
 first one also the few prompt tokens the prefill left before it) and gets the target's
 distribution at the root and after every draft node in one forward pass.
 
-Each step is one named method or call: :meth:`Engine.prefill`, ``Speculation.draft``
+Each step is one named method or call: :meth:`Engine.prefill` (:mod:`specd.prompts`: the
+prompt side, with warm-ups and the prefix cache), ``Speculation.draft``
 (:mod:`specd.speculation` serves the plugins, every call guarded), :meth:`Engine.verify`,
 :meth:`Engine.commit` and ``Emitter.emit`` (:mod:`specd.generation`: EOS, ``max_tokens``,
 stop strings, text).
@@ -24,7 +25,6 @@ import torch
 from .api import DraftContext
 from .draft import Draft, Step, Verdict
 from .errors import BadInputError
-from .forward.passes import FIRST_CHUNK, PREFILL_CHUNK
 from .forward.target import Target
 from .generation import Completion, Delta, Emitter, Generation
 from .healing import Constraint, Guide, TokenBytes, heal
@@ -33,6 +33,7 @@ from .kvcache import KVCache
 from .limits import ContextLimits, RequestMemory, request_memory
 from .ngram_index import Corpus
 from .prefix_cache import PrefixCache
+from .prompts import FEED_TOKENS, Prompts
 from .sampling import SamplingParams, choose, make_generator, warp
 from .speculation import (
     NO_DRAFTER,
@@ -45,15 +46,8 @@ from .speculation import (
 )
 from .stats import Stats
 
-#: Tokens a warm-up prefills between two looks at its cancel check: a request waits at
-#: most this long for the warm-up it interrupts.
-WARM_CHUNK = 64
-#: At most this many uncached prompt tokens are fed with the first step's draft instead
-#: of being prefilled first: the next keystroke's request costs one forward, not two.
-FEED_TOKENS = 16
 
-
-class Engine:
+class Engine(Prompts):
     """Loads a target once; generates and streams many times.
 
     :param target: the served model.
@@ -216,36 +210,6 @@ class Engine:
         self.plugins.for_request(req)
         return Generation(self._run(req))
 
-    def warm(
-        self,
-        prompt: str | Sequence[int],
-        cancel: Callable[[], bool] | threading.Event | None = None,
-        *,
-        chunk: int = WARM_CHUNK,
-        request: bool = False,
-    ) -> tuple[int, int]:
-        """Prefill ``prompt`` into the prefix cache before it is asked for, so a request
-        for it (or one extending it) computes only what follows. ``cancel`` is checked
-        between chunks; what was computed stays, so a cancelled warm-up is continued.
-        ``request``: a request's own prefill before :meth:`stream` (only a newer request for
-        the prompt interrupts it): in a prefill's chunks, the last few tokens (fewer than
-        :data:`FEED_TOKENS`) left to the first step.
-
-        :returns: (tokens that were already cached, tokens computed now).
-        """
-        if chunk < 1:
-            raise BadInputError(f"chunk must be >= 1, got {chunk}")
-        ids = self._prompt_ids(prompt)
-        if isinstance(cancel, threading.Event):
-            cancel = cancel.is_set
-        sizes = (PREFILL_CHUNK, FEED_TOKENS - 1, FIRST_CHUNK) if request else (chunk, 0, None)
-        with self._lock:  # a request keeps all of its prompt but the pending token cached
-            return self.prefix_cache.fill(ids[:-1], self.target.prefill, cancel, *sizes)
-
-    def cached_tokens(self, prompt: Sequence[int]) -> int:
-        """How many of ``prompt``'s tokens a request would reuse, computing nothing."""
-        return self.prefix_cache.cached(list(prompt[:-1]))
-
     def plugin_health(self) -> dict[str, dict[str, Any]]:
         """Calls, failures and disabled state per plugin since the engine started."""
         return self.guard.snapshot()
@@ -342,27 +306,6 @@ class Engine:
         if stats.new_tokens and not stats.ttft_s:
             stats.ttft_s = stats.total_s
         return Completion(text=out.text.text, token_ids=out.token_ids, stats=stats)
-
-    def prefill(
-        self,
-        prompt: Sequence[int],
-        stop: Callable[[], str] | None = None,
-        hidden: list[torch.Tensor] | None = None,
-        leave: int = 0,
-        hidden_rows: int | None = None,
-    ) -> tuple[KVCache, int, str]:
-        """Bring a cache to hold ``prompt[:-1]``, reusing the longest cached prefix, with
-        ``stop`` checked between prefill chunks (:data:`specd.forward.passes.PREFILL_CHUNK`);
-        ``leave`` or fewer tokens left are not computed (the first step feeds them).
-
-        :param hidden: receives the last hidden states of the tokens computed, by chunk.
-        :param hidden_rows: only those of the last this many tokens (``Drafter.feature_rows``).
-        :returns: (cache, tokens reused from an earlier request, why it stopped early or "").
-        """
-        extend = self.target.prefill
-        if hidden_rows is not None:
-            extend = functools.partial(extend, hidden_rows=hidden_rows)
-        return self.prefix_cache.prefill(prompt[:-1], extend, stop, hidden, leave)
 
     def verify(
         self,
