@@ -176,7 +176,7 @@ def decode_rows(raw: torch.Tensor, fmt: Format) -> torch.Tensor:
     if raw.device.type != "cpu" or not whole or not cpu_kernels.available():
         return decode(raw, fmt)
     many = raw.reshape(-1, raw.shape[-1]).contiguous()
-    cols = raw.shape[-1] // fmt.block_bytes * 32
+    cols = raw.shape[-1] // fmt.block_bytes * BLOCK
     out = cpu_kernels.dequantize(many.data_ptr(), fmt.code, many.shape[0], cols)
     return out.reshape(*raw.shape[:-1], cols)
 

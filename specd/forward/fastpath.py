@@ -65,8 +65,7 @@ class FastDecoder(WeightProducts):
             return copies[t.data_ptr()]
 
         self.rotary = decoder.rotary_emb
-        self._rotary_end = 0  # positions the rotary tables hold (rotary_rows)
-        self._cos_rows = self._sin_rows = torch.empty(0)
+        self._cos_rows = self._sin_rows = torch.empty(0, 0)  # rotary_rows' tables
         self.embed = w(decoder.embed_tokens.weight)
         self.norm = w(decoder.norm.weight)
         self.eps = float(decoder.norm.variance_epsilon)
@@ -294,11 +293,11 @@ class FastDecoder(WeightProducts):
         that position alone, bit for bit). A step indexes two tables instead of running the
         module's operations, which right after a step's stream of weights run from cold
         caches."""
-        if end > self._rotary_end:
-            n = max(end, 2 * self._rotary_end, 256)
+        held = self._cos_rows.shape[0]
+        if end > held:
+            n = max(end, 2 * held, 256)
             cos, sin = self.rotary_at(torch.arange(n, device=self.embed.device)[None])
             self._cos_rows, self._sin_rows = cos[0, 0], sin[0, 0]  # [n, D]
-            self._rotary_end = n
         idx = position_ids.reshape(-1)
         return self._cos_rows[idx], self._sin_rows[idx]
 
