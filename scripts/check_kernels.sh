@@ -58,6 +58,6 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 csrc=$root/specd/forward/csrc
 # shellcheck disable=SC2086  # flags is a list of words
-"$cxx" -O3 -std=c++17 -fopenmp $flags "-DSPECD_ISA_${isa^^}" \
+"$cxx" -O3 -std=c++17 -ffp-contract=off -fopenmp $flags "-DSPECD_ISA_${isa^^}" \
     "$csrc/selftest.cpp" "$csrc/attention.cpp" "$csrc/decode_step.cpp" -o "$out/selftest"
 "${run[@]}" "$out/selftest" "$tolerance"

@@ -12,11 +12,30 @@ from gguf import GGMLQuantizationType as GT
 from gguf import quants
 
 from specd.forward import blocks, cpu_kernels
-from specd.forward.blocks import BF16, FORMATS, Q4_0, Q4_1, Q8_0, BlockWeight, quantize
+from specd.forward.blocks import (
+    BF16,
+    FORMATS,
+    Q4_0,
+    Q4_1,
+    Q8_0,
+    QUANTIZABLE,
+    BlockWeight,
+    quantize,
+)
 
-GGML = {"q4_0": GT.Q4_0, "q4_1": GT.Q4_1, "q8_0": GT.Q8_0, "bf16": GT.BF16}
-# byte offsets of each format's fp16 fields (d, and m for q4_1)
-HALVES = {"q4_0": (0,), "q4_1": (0, 2), "q8_0": (0,), "bf16": ()}
+GGML = {name: GT[name.upper()] for name in FORMATS}
+# byte offsets of each format's fp16 fields (d, and m or dmin)
+HALVES = {
+    "q4_0": (0,),
+    "q4_1": (0, 2),
+    "q8_0": (0,),
+    "bf16": (),
+    "q5_0": (0,),
+    "q5_1": (0, 2),
+    "q4_k": (0, 2),
+    "q5_k": (0, 2),
+    "q6_k": (208,),
+}
 
 
 def bits(t: torch.Tensor | np.ndarray) -> torch.Tensor:
@@ -29,10 +48,11 @@ def bits(t: torch.Tensor | np.ndarray) -> torch.Tensor:
 def random_blocks(fmt: blocks.Format, rows: int, cols: int, seed: int) -> torch.Tensor:
     """Random bytes, with every fp16 field a random finite fp16 (subnormals and -0 too)."""
     g = torch.Generator().manual_seed(seed)
-    data = torch.randint(0, 256, (rows, cols // 32, fmt.block_bytes), generator=g)
+    n = cols // fmt.values
+    data = torch.randint(0, 256, (rows, n, fmt.block_bytes), generator=g)
     data = data.to(torch.uint8)
     for off in HALVES[fmt.name]:
-        half = torch.randint(0, 1 << 16, (rows, cols // 32), generator=g)
+        half = torch.randint(0, 1 << 16, (rows, n), generator=g)
         half = torch.where((half & 0x7C00) == 0x7C00, half & 0x83FF, half)  # no inf/NaN
         data[..., off] = (half & 0xFF).to(torch.uint8)
         data[..., off + 1] = (half >> 8).to(torch.uint8)
@@ -40,23 +60,30 @@ def random_blocks(fmt: blocks.Format, rows: int, cols: int, seed: int) -> torch.
 
 
 def test_formats_are_the_agreed_codes_and_sizes():
-    assert {n: (f.code, f.block_bytes) for n, f in FORMATS.items()} == {
-        "q4_0": (1, 18),
-        "q4_1": (2, 20),
-        "q8_0": (3, 34),
-        "bf16": (4, 64),
+    assert {n: (f.code, f.block_bytes, f.values) for n, f in FORMATS.items()} == {
+        "q4_0": (1, 18, 32),
+        "q4_1": (2, 20, 32),
+        "q8_0": (3, 34, 32),
+        "bf16": (4, 64, 32),
+        "q5_0": (5, 22, 32),
+        "q5_1": (6, 24, 32),
+        "q4_k": (7, 144, 256),
+        "q5_k": (8, 176, 256),
+        "q6_k": (9, 210, 256),
     }
     assert blocks.F32.code == 0 and "f32" not in FORMATS
+    assert set(QUANTIZABLE) == set(FORMATS) - {"q4_k", "q5_k", "q6_k"}
     for name, fmt in FORMATS.items():
         assert fmt.name == name
         block_size, type_size = quants.GGML_QUANT_SIZES[GGML[name]]
-        assert type_size * 32 // block_size == fmt.block_bytes
+        assert type_size * fmt.values // block_size == fmt.block_bytes
 
 
 @pytest.mark.parametrize("name", list(FORMATS))
 def test_dequantize_matches_ggml_reference_bit_for_bit_on_random_blocks(name):
     fmt = FORMATS[name]
     for seed, (rows, cols) in enumerate([(7, 32), (33, 96), (64, 512)]):
+        cols = cols if fmt.values == 32 else 2 * cols // 32 * fmt.values  # whole super-blocks
         data = random_blocks(fmt, rows, cols, seed)
         ours = BlockWeight(data, fmt, (rows, cols)).dequantize()
         ref = quants.dequantize(data.numpy(), GGML[name])
@@ -84,7 +111,7 @@ def sample(rows: int, cols: int, seed: int) -> torch.Tensor:
     return w
 
 
-@pytest.mark.parametrize("name", list(FORMATS))
+@pytest.mark.parametrize("name", list(QUANTIZABLE))
 def test_quantize_matches_ggml_reference_bit_for_bit(name):
     w = sample(16, 256, seed=1)
     ours = quantize(w, name)
@@ -100,7 +127,7 @@ def test_q8_0_rounds_halves_away_from_zero():
     assert q.tolist() == [127, 3, -3, 1]
 
 
-@pytest.mark.parametrize("name", list(FORMATS))
+@pytest.mark.parametrize("name", list(QUANTIZABLE))
 def test_round_trip_is_within_half_a_step(name):
     """Per block, within d/2 of every value (q4_0: within d where a value needed q = 16,
     its -8..7 range being one step short on the far side), plus the fp16 rounding of the
@@ -115,17 +142,17 @@ def test_round_trip_is_within_half_a_step(name):
         return
     raw = q.data.reshape(32, -1, FORMATS[name].block_bytes)
     d = raw[..., 0:2].contiguous().view(torch.float16).float().abs()  # [rows, blocks, 1]
-    m = raw[..., 2:4].contiguous().view(torch.float16).float().abs() if name == "q4_1" else 0
-    steps = {"q8_0": 127, "q4_0": 8, "q4_1": 15}[name]
+    m = raw[..., 2:4].contiguous().view(torch.float16).float().abs() if name[-1] == "1" else 0
+    steps = {"q8_0": 127, "q4_0": 8, "q4_1": 15, "q5_0": 16, "q5_1": 31}[name]
     slack = steps * d * 2.0**-10 + m * 2.0**-10  # the scales' fp16 rounding
     half = d / 2
-    if name == "q4_0":  # q == 15 (value 7d) also stands for what would have been 8d
+    if name in ("q4_0", "q5_0"):  # the top q (7d, 15d) also stands for what would be 8d, 16d
         level = back.reshape(32, -1, 32) / raw[..., 0:2].contiguous().view(torch.float16).float()
-        half = torch.where(level == 7, d, half)
+        half = torch.where(level == steps - 1, d, half)
     assert (err <= half + slack).all(), (err - half - slack).max()
 
 
-@pytest.mark.parametrize("name", list(FORMATS))
+@pytest.mark.parametrize("name", list(QUANTIZABLE))
 def test_a_zero_block_stays_zero(name):
     w = torch.zeros(2, 64)
     w[1, 32:] = torch.randn(32)
@@ -160,8 +187,10 @@ def test_quantize_refuses_bad_input_naming_it():
         quantize(torch.zeros(2, 64, dtype=torch.int32), "q8_0")
     with pytest.raises(ValueError, match=r"2x48 matrix as q4_1 blocks: cols must be"):
         quantize(torch.zeros(2, 48), "q4_1")
-    with pytest.raises(ValueError, match="unknown block format 'q5_0'"):
-        quantize(torch.zeros(2, 64), "q5_0")
+    with pytest.raises(ValueError, match="unknown block format 'q3_k'"):
+        quantize(torch.zeros(2, 64), "q3_k")
+    with pytest.raises(ValueError, match="reads q4_k blocks from GGUF files but does not make"):
+        quantize(torch.zeros(2, 256), "q4_k")
     with pytest.raises(ValueError, match="unknown block format"):
         quantize(torch.zeros(2, 64), blocks.F32)
     with pytest.raises(ValueError, match="non-finite values as q8_0"):
@@ -171,6 +200,7 @@ def test_quantize_refuses_bad_input_naming_it():
 
 
 def weight(name: str = "q4_1", rows: int = 48, cols: int = 96) -> BlockWeight:
+    cols = cols if FORMATS[name].values == 32 else FORMATS[name].values
     return BlockWeight(
         random_blocks(FORMATS[name], rows, cols, seed=4), FORMATS[name], (rows, cols)
     )
@@ -179,7 +209,7 @@ def weight(name: str = "q4_1", rows: int = 48, cols: int = 96) -> BlockWeight:
 @pytest.mark.parametrize("name", list(FORMATS))
 def test_linear_uses_the_dequantized_matrix(name):
     w = weight(name)
-    x = torch.randn(5, 96)
+    x = torch.randn(5, w.shape[1])
     b = torch.randn(48)
     full = w.dequantize()
     if name == "bf16":  # random bits: keep the values finite for a product
@@ -234,9 +264,13 @@ def test_other_torch_functions_are_refused_naming_them():
 
 @pytest.mark.parametrize("name", list(FORMATS))
 def test_an_empty_matrix_and_an_empty_lookup(name):
-    w = quantize(torch.zeros(0, 64), name)
-    assert w.dequantize().shape == (0, 64) and w.nbytes == 0
-    assert weight(name)[torch.tensor([], dtype=torch.long)].shape == (0, 96)
+    cols = FORMATS[name].values * 2
+    w = BlockWeight(
+        torch.zeros(0, 2 * FORMATS[name].block_bytes, dtype=torch.uint8), name, (0, cols)
+    )
+    assert w.dequantize().shape == (0, cols) and w.nbytes == 0
+    some = weight(name)
+    assert some[torch.tensor([], dtype=torch.long)].shape == (0, some.shape[1])
 
 
 def test_it_answers_like_a_float32_weight():
@@ -259,6 +293,8 @@ def test_bad_blocks_are_refused_naming_what_is_wrong():
         BlockWeight(random_blocks(Q4_0, 4, 64, seed=5), Q4_1, (4, 64))
     with pytest.raises(ValueError, match="cols must be a positive multiple of 32"):
         BlockWeight(good, Q4_1, (4, 48))
+    with pytest.raises(ValueError, match=r"multiple of 256 \(q6_k blocks\)"):
+        BlockWeight(torch.zeros(4, 210, dtype=torch.uint8), "q6_k", (4, 224))
     with pytest.raises(ValueError, match="contiguous 2-D tensor"):
         BlockWeight(good.reshape(-1), Q4_1, (4, 64))
     with pytest.raises(ValueError, match="non-contiguous"):
@@ -286,18 +322,27 @@ def test_a_block_weight_follows_its_input_to_the_gpu():
     assert torch.equal(F.embedding(ids, w).cpu(), w.dequantize()[[3, 1]])
 
 
-@pytest.mark.parametrize("name", ["f32", "q4_0", "q4_1", "q8_0", "bf16"])
+@pytest.mark.parametrize("name", ["f32", *FORMATS])
 def test_the_kernels_product_is_the_product_of_the_stored_values(name):
     """Guards against a drafter's product that reads blocks wrongly (a nibble order, a
-    scale, a row stride) or drops the rows past an uneven split between threads: the
-    step kernel's product equals ``x @ W.T`` of the weight's values to float32 rounding,
-    and a row alone computes what it computes among others."""
+    scale, a sub-block's place in its super-block, a row stride) or drops the rows past an
+    uneven split between threads: the step kernel's product equals ``x @ W.T`` of the
+    weight's values to float32 rounding, and a row alone computes what it computes among
+    others."""
     if not cpu_kernels.available():
         pytest.skip(f"the CPU kernels do not run here: {cpu_kernels.reason}")
     g = torch.Generator().manual_seed(5)
-    w, x = torch.randn(70, 96, generator=g), torch.randn(3, 96, generator=g)
-    stored = w if name == "f32" else quantize(w, name)
+    cols = 96 if name == "f32" or FORMATS[name].values == 32 else 512
+    w, x = torch.randn(70, cols, generator=g), torch.randn(3, cols, generator=g)
+    if name in ("f32", *QUANTIZABLE):
+        stored = w if name == "f32" else quantize(w, name)
+    else:  # K-quants are read, not made: random blocks of sane scales
+        stored = BlockWeight(random_blocks(FORMATS[name], 70, cols, seed=6), name, (70, cols))
+        stored.data.view(70, -1, FORMATS[name].block_bytes)[..., [HALVES[name][0] + 1]] &= 0x2F
+        if name != "q6_k":
+            stored.data.view(70, -1, FORMATS[name].block_bytes)[..., 3] &= 0x2F
     values = w if name == "f32" else stored.dequantize()
+    assert torch.equal(values, w) or torch.equal(values, blocks.decode(stored.data, stored.fmt))
     y = blocks.product(x, stored)
     torch.testing.assert_close(y, x @ values.T, rtol=1e-5, atol=1e-4)
     assert torch.equal(blocks.product(x[1:2], stored)[0], y[1])

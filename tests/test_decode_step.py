@@ -255,7 +255,11 @@ def _steps_over(fast, fmt: str):
     stored: dict[int, blocks.BlockWeight] = {}
 
     def as_blocks(w):
-        return stored.setdefault(id(w), blocks.quantize(w, fmt))
+        if id(w) not in stored:
+            stored[id(w)] = (
+                blocks.quantize(w, fmt) if fmt in blocks.QUANTIZABLE else k_quant(w.shape, fmt)
+            )
+        return stored[id(w)]
 
     def layers(convert):
         return [
@@ -277,13 +281,32 @@ def _steps_over(fast, fmt: str):
     return quantized, floats
 
 
+def k_quant(shape, fmt: str, seed: int = 0):
+    """Random super-blocks of the K-quant ``fmt`` (nothing here makes them from values) with
+    fp16 scales about 2^-11 (|values| below about 0.5), as a matrix of ``shape``."""
+    from specd.forward import blocks
+
+    f = blocks.FORMATS[fmt]
+    rows, cols = shape
+    g = torch.Generator().manual_seed(seed + rows * 7 + cols)
+    data = torch.randint(0, 256, (rows, cols // f.values, f.block_bytes), generator=g)
+    data = data.to(torch.uint8)
+    for off in (208,) if fmt == "q6_k" else (0, 2):
+        data[..., off + 1] = 0x10 | (data[..., off + 1] & 0x83)
+    return blocks.BlockWeight(data.reshape(rows, -1), f, (rows, cols))
+
+
 @needs_kernel
-@pytest.mark.parametrize("fmt", ["q4_0", "q4_1", "q8_0", "bf16"])
+@pytest.mark.parametrize(
+    "fmt", ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "bf16", "q4_k", "q5_k", "q6_k"]
+)
 def test_weights_as_blocks_compute_what_their_float32_values_compute_bit_for_bit(build, fmt):
     """A step over quantized blocks decodes each block exactly and sums in the float32
     step's order: logits, hidden states and the keys and values written are equal bit for
-    bit, chains of 1-16 tokens over an empty and a filled cache."""
-    fast = Target(_wide3(), CharTokenizer(VOCAB)).fast
+    bit, chains of 1-16 tokens over an empty and a filled cache (K-quants: a model whose
+    products all run along whole super-blocks of 256)."""
+    model = _wide3() if fmt[-1] != "k" else tiny_model(VOCAB, hidden_size=256, dtype=torch.float32)
+    fast = Target(model, CharTokenizer(VOCAB)).fast
     quantized, floats = _steps_over(fast, fmt)
     gen = torch.Generator().manual_seed(3)
     cap, d = 64, fast.head_dim

@@ -245,17 +245,65 @@ def test_blocks_view_the_file_and_only_q_and_k_are_copied(small):
 
 
 def test_unsupported_block_types_are_named(tmp_path):
-    q4_k = np.zeros((2, 144), dtype=np.uint8)  # two rows of one 256-value Q4_K block
+    q2_k = np.zeros((2, 84), dtype=np.uint8)  # two rows of one 256-value Q2_K block
     path = write(
-        tmp_path / "k.gguf", model_tensors(), extra={"blk.0.ffn_extra.weight": (q4_k, GT.Q4_K)}
+        tmp_path / "k.gguf", model_tensors(), extra={"blk.0.ffn_extra.weight": (q2_k, GT.Q2_K)}
     )
     with pytest.raises(UnsupportedGGUFError, match="ffn_extra.weight' has no Llama-style"):
         read_gguf(path)
     tensors = model_tensors()
     tensors.pop("model.layers.0.mlp.up_proj.weight")
-    path = write(tmp_path / "k2.gguf", tensors, extra={"blk.0.ffn_up.weight": (q4_k, GT.Q4_K)})
-    with pytest.raises(UnsupportedGGUFError, match=r"'blk.0.ffn_up.weight' is stored as Q4_K"):
+    path = write(tmp_path / "k2.gguf", tensors, extra={"blk.0.ffn_up.weight": (q2_k, GT.Q2_K)})
+    with pytest.raises(UnsupportedGGUFError, match=r"'blk.0.ffn_up.weight' is stored as Q2_K") as e:
         read_gguf(path)
+    assert "Q4_K, Q5_K, Q6_K" in str(e.value)  # what it does read
+
+
+def k_quant_blocks(kind: GT, rows: int, cols: int, seed: int) -> np.ndarray:
+    """Random K-quant super-blocks (nothing here makes them from values) with moderate,
+    finite fp16 scales: ``[rows, cols / 256 * bytes]`` uint8, as a file stores them."""
+    per, size = quants.GGML_QUANT_SIZES[kind]
+    g = np.random.default_rng(seed)
+    data = g.integers(0, 256, (rows, cols // per, size), dtype=np.uint8)
+    for off in (208,) if kind == GT.Q6_K else (0, 2):
+        data[..., off + 1] = 0x10 | (data[..., off + 1] & 0x83)  # |value| ~ 2^-11
+    return data.reshape(rows, -1)
+
+
+def test_k_quant_matrices_come_back_as_their_blocks(tmp_path):
+    """A Q4_K_M-like file (llama.cpp's mix: Q4_K, Q5_K, Q6_K, and Q5_0/Q5_1/Q8_0 where a
+    row is no whole super-block) reads as blocks of each type, decoding as gguf-py does."""
+    tensors = model_tensors()
+    tensors["model.layers.0.mlp.gate_proj.weight"] = (
+        tensors["model.layers.0.mlp.gate_proj.weight"][0],
+        GT.Q5_0,
+    )
+    tensors["model.layers.0.mlp.up_proj.weight"] = (
+        tensors["model.layers.0.mlp.up_proj.weight"][0],
+        GT.Q5_1,
+    )
+    extra = {}
+    for part, kind in (("ffn_gate_k", GT.Q4_K), ("ffn_up_k", GT.Q5_K), ("ffn_down_k", GT.Q6_K)):
+        extra[f"blk.0.{part}.weight"] = (k_quant_blocks(kind, 3, 512, seed=kind.value), kind)
+    path = write(tmp_path / "kq.gguf", tensors)
+    got, _ = read_gguf(path)
+    for hf in ("model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight"):
+        values, kind = tensors[hf]
+        assert isinstance(got[hf], BlockWeight) and got[hf].fmt.name == kind.name.lower()
+        want = quants.dequantize(stored(values, kind), kind)
+        assert torch.equal(got[hf].dequantize(), torch.from_numpy(want))
+    for name, (data, kind) in extra.items():  # no Llama-style name: read them one at a time
+        tensors = model_tensors()
+        hf = "model.layers.0.mlp.down_proj.weight"
+        tensors.pop(hf)
+        one = write(
+            tmp_path / f"{name}.gguf", tensors, extra={"blk.0.ffn_down.weight": (data, kind)}
+        )
+        w = read_gguf(one)[0][hf]
+        assert isinstance(w, BlockWeight) and w.fmt.name == kind.name.lower()
+        assert w.shape == (3, 512) and torch.equal(w.data, torch.from_numpy(data))
+        want = torch.from_numpy(quants.dequantize(data, kind))
+        assert torch.equal(w.dequantize(), want) and torch.equal(w[[2, 0]], want[[2, 0]])
 
 
 def test_files_it_cannot_read_are_refused_naming_why(tmp_path, small):

@@ -1,9 +1,10 @@
 """Weights kept as quantized blocks, in GGUF's layout.
 
-A matrix ``[rows, cols]`` is stored row by row: ``rows`` runs of ``cols / 32`` blocks, each
-block covering 32 consecutive values of its row, in one of the formats of
-:mod:`.block_formats` (``q4_0``, ``q4_1``, ``q8_0``, ``bf16``; the layouts, the step
-kernel's codes and the exact de-quantization rules are set out there).
+A matrix ``[rows, cols]`` is stored row by row: ``rows`` runs of ``cols / values`` blocks,
+each block covering ``values`` consecutive values of its row (32, or 256 for the K-quants),
+in one of the formats of :mod:`.block_formats` (``q4_0``, ``q4_1``, ``q5_0``, ``q5_1``,
+``q8_0``, ``q4_k``, ``q5_k``, ``q6_k``, ``bf16``; the layouts, the step kernel's codes and
+the exact de-quantization rules are set out there).
 
 :class:`BlockWeight` holds one such matrix where a float32 weight would be: the step kernel
 reads its blocks, ``F.linear`` and ``F.embedding`` de-quantize (only the rows looked up), and
@@ -28,7 +29,13 @@ from .block_formats import (
     FORMATS,
     Q4_0,
     Q4_1,
+    Q4_K,
+    Q5_0,
+    Q5_1,
+    Q5_K,
+    Q6_K,
     Q8_0,
+    QUANTIZABLE,
     Format,
     check_format,
     decode,
@@ -43,7 +50,13 @@ __all__ = [
     "FORMATS",
     "Q4_0",
     "Q4_1",
+    "Q4_K",
+    "Q5_0",
+    "Q5_1",
+    "Q5_K",
+    "Q6_K",
     "Q8_0",
+    "QUANTIZABLE",
     "BlockWeight",
     "Format",
     "UnsupportedGGUFError",
@@ -57,7 +70,7 @@ class BlockWeight:
     """A ``[rows, cols]`` matrix stored as blocks (GGUF's layout), used where a float32
     weight tensor is: the step kernel reads its blocks; any other use de-quantizes.
 
-    ``data`` is uint8 ``[rows, cols // 32 * fmt.block_bytes]``, contiguous, on the CPU (it
+    ``data`` is uint8 ``[rows, cols // fmt.values * fmt.block_bytes]``, contiguous, on the CPU (it
     may be a view of a memory-mapped file). ``w[ids]``, ``w[3]``, ``w[:5]`` and
     ``F.embedding(ids, w)`` de-quantize only the rows they name; ``F.linear(x, w, b)``
     de-quantizes the whole matrix; any other torch function is a TypeError.
@@ -82,9 +95,12 @@ class BlockWeight:
             raise ValueError(f"shape must be (rows, cols) of two counts, not {shape!r}") from None
         if rows < 0:
             raise ValueError(f"shape {tuple(shape)}: rows must not be negative")
-        if cols == 0 or cols % BLOCK:
-            raise ValueError(f"shape {tuple(shape)}: cols must be a positive multiple of {BLOCK}")
-        expected = (rows, cols // BLOCK * fmt.block_bytes)
+        if cols == 0 or cols % fmt.values:
+            raise ValueError(
+                f"shape {tuple(shape)}: cols must be a positive multiple of {fmt.values} "
+                f"({fmt.name} blocks)"
+            )
+        expected = (rows, cols // fmt.values * fmt.block_bytes)
         if tuple(data.shape) != expected:
             raise ValueError(
                 f"{fmt.name} blocks of a {rows}x{cols} matrix are {expected[0]} rows of "
@@ -176,7 +192,7 @@ def decode_rows(raw: torch.Tensor, fmt: Format) -> torch.Tensor:
     if raw.device.type != "cpu" or not whole or not cpu_kernels.available():
         return decode(raw, fmt)
     many = raw.reshape(-1, raw.shape[-1]).contiguous()
-    cols = raw.shape[-1] // fmt.block_bytes * BLOCK
+    cols = raw.shape[-1] // fmt.block_bytes * fmt.values
     out = cpu_kernels.dequantize(many.data_ptr(), fmt.code, many.shape[0], cols)
     return out.reshape(*raw.shape[:-1], cols)
 
@@ -260,6 +276,11 @@ def quantize(w: torch.Tensor, fmt: Format | str) -> BlockWeight:
     rounded the way ggml's reference quantizers round (:func:`.block_formats.encode` has the
     rules). ValueError naming the format, shape or value that is wrong."""
     fmt = check_format(fmt)
+    if fmt.name not in QUANTIZABLE:
+        raise ValueError(
+            f"specd reads {fmt.name} blocks from GGUF files but does not make them; it "
+            f"quantizes to {', '.join(QUANTIZABLE)}"
+        )
     if not isinstance(w, torch.Tensor) or not w.is_floating_point() or w.dim() != 2:
         what = tuple(w.shape) if isinstance(w, torch.Tensor) else type(w).__name__
         raise ValueError(f"quantize takes a 2-D float tensor [rows, cols], not {what}")
@@ -280,8 +301,8 @@ def quantize(w: torch.Tensor, fmt: Format | str) -> BlockWeight:
 def read_gguf(path: Path) -> tuple[dict[str, torch.Tensor | BlockWeight], dict[str, Any]]:
     """The tensors of a Llama-style GGUF file under Hugging Face names, and its metadata.
 
-    The file is memory-mapped and its blocks kept as stored: Q4_0, Q4_1, Q8_0 and BF16
-    matrices as :class:`BlockWeight` viewing the map (vectors, and BF16 matrices whose rows
+    The file is memory-mapped and its blocks kept as stored: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+    Q4_K, Q5_K, Q6_K and BF16 matrices as :class:`BlockWeight` viewing the map (vectors, and BF16 matrices whose rows
     are no whole blocks, as float32 tensors), F32 tensors as float32 tensors viewing it, F16
     as float32 copies; only q and k rows are copied, put back in Hugging Face's order.
     :func:`specd.forward.gguf_file.read` has the names, the metadata and the errors."""

@@ -1,7 +1,8 @@
 """Reading a Llama-style GGUF file: its metadata and its tensors under Hugging Face names.
 
 The file is memory-mapped (copy on write: nothing is ever written back) and its blocks are
-used where they lie: a Q4_0, Q4_1, Q8_0 or BF16 tensor comes as its rows of blocks viewing
+used where they lie: a Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K or BF16 tensor (the
+types of llama.cpp's Q4_K_M, Q5_K_M, Q6_K and Q8_0 files) comes as its rows of blocks viewing
 the map (:func:`specd.forward.blocks.read_gguf` wraps a matrix of them in a
 ``BlockWeight``), an F32 tensor as a float32 tensor viewing it, an F16 tensor as a float32
 copy. The only blocks copied are the rows of q and k:
@@ -24,7 +25,7 @@ import numpy as np
 import torch
 
 from ..errors import BadInputError, ModelNotFoundError
-from .block_formats import BF16, BLOCK, Q4_0, Q4_1, Q8_0, Format, decode
+from .block_formats import BF16, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0, Format, decode
 
 #: Arrays in the metadata longer than this are left out (the tokenizer's vocabulary).
 MAX_ARRAY = 64
@@ -36,9 +37,9 @@ _F32, _F16 = 0, 1
 _TYPES: dict[int, tuple[int, int, Format | None]] = {
     _F32: (1, 4, None),
     _F16: (1, 2, None),
-    2: (BLOCK, Q4_0.block_bytes, Q4_0),
-    3: (BLOCK, Q4_1.block_bytes, Q4_1),
-    8: (BLOCK, Q8_0.block_bytes, Q8_0),
+    **{kind: (f.values, f.block_bytes, f) for kind, f in ((2, Q4_0), (3, Q4_1), (6, Q5_0))},
+    **{kind: (f.values, f.block_bytes, f) for kind, f in ((7, Q5_1), (8, Q8_0), (12, Q4_K))},
+    **{kind: (f.values, f.block_bytes, f) for kind, f in ((13, Q5_K), (14, Q6_K))},
     30: (1, 2, BF16),
 }
 # GGUF metadata value types: struct format of the scalar ones; 8 string, 9 array
@@ -162,8 +163,9 @@ def read(path: Path) -> tuple[dict[str, RawTensor], dict[str, Any]]:
     ``model.norm.weight``, and ``lm_head.weight`` only when the file has ``output.weight``:
     otherwise the LM head is tied to the embedding), and its metadata.
 
-    Q4_0, Q4_1, Q8_0 and BF16 matrices come as rows of blocks viewing the file (vectors, and
-    BF16 matrices whose rows are no whole blocks, de-quantized to float32), F32 tensors as
+    Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K and BF16 matrices come as rows of blocks
+    viewing the file (vectors, and BF16 matrices whose rows are no whole blocks, de-quantized
+    to float32), F32 tensors as
     float32 tensors viewing it, F16 as float32 copies (:class:`RawTensor`); any other type
     is an :class:`UnsupportedGGUFError` naming the tensor and its type. The metadata holds
     the file's keys (arrays longer than :data:`MAX_ARRAY` left out) and ``architecture``,
@@ -271,7 +273,7 @@ def _tensor(
         if start % 4:  # a misaligned file: copy rather than view
             data = data.clone()
         return RawTensor(data.view(dtype).reshape(shape).to(torch.float32), None, shape)
-    if len(shape) == 1 or cols % BLOCK:  # no matrix of whole blocks: its float32 values
+    if len(shape) == 1 or cols % fmt.values:  # no matrix of whole blocks: its float32 values
         return RawTensor(decode(data, fmt).reshape(shape), None, shape)
     return RawTensor(data, fmt, shape)
 

@@ -42,7 +42,9 @@ ISA_FLAGS = {
     "neon": (),
     "scalar": (),
 }
-FLAGS = ("-O3", "-std=c++17", "-fopenmp", "-shared", "-fPIC")
+# products and sums as written, never fused by the compiler (an exact decode is one rounding
+# where the source says so)
+FLAGS = ("-O3", "-std=c++17", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
 #: ``SPECD_CPU_KERNELS`` values that turn the kernels off.
 OFF = ("0", "off", "false", "no")
 #: About how long a build takes (2 busy cores of an EPYC: 4-9 s), for the line logged before.

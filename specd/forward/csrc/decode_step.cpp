@@ -1,6 +1,6 @@
 // A decode or verify step of a Llama-style decoder (a few new tokens over a KV cache), in
-// float32 over weights stored as float32, bfloat16 or GGUF's Q4_0, Q4_1 and Q8_0 blocks
-// (decoded in registers as they stream in), written once over vec.h's 16-float vectors and built per instruction set
+// float32 over weights stored as float32, bfloat16 or GGUF's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+// Q4_K, Q5_K and Q6_K blocks (decoded in registers as they stream in), written once over vec.h's 16-float vectors and built per instruction set
 // (specd/forward/cpu_kernels.py builds and loads it).
 //
 // A step of a few tokens reads every weight once and does little else, so it runs at the
@@ -39,23 +39,44 @@ enum { LN1, WQ, BQ, WK, BK, WV, BV, WO, BO, LN2, WG, WU, WD, PER_LAYER };
 
 constexpr int64_t MAX_T = 16;  // new tokens a step takes
 
-// How a weight matrix is stored (the codes specd/forward/blocks.py gives its formats): rows
-// of K floats, or rows of K / 32 blocks of 32 values each, as GGUF files keep them. Each
-// format decodes a block into floats exactly (the value a float32 copy of the weight holds),
-// so a product sums the same terms in the same order whatever the storage, and a quantized
-// step equals the float32 step on the de-quantized weights bit for bit.
-enum Format { F32 = 0, Q4_0 = 1, Q4_1 = 2, Q8_0 = 3, BF16 = 4 };
+// How a weight matrix is stored (the codes specd/forward/block_formats.py gives its
+// formats): rows of K floats, or rows of blocks as GGUF files keep them (K / 32 blocks of
+// 32 values, or K / 256 super-blocks of 256 for the K-quants). A format walks a row in units
+// of N values (a block, or a K-quant's sub-block of 32): `unit` decodes unit b of a row into
+// V vectors, `ahead` is where in the row unit b's bytes lie (for prefetching). Each format
+// decodes into floats exactly (the value a float32 copy of the weight holds), so a product
+// sums the same terms in the same order whatever the storage, and a quantized step equals
+// the float32 step on the de-quantized weights bit for bit.
+enum Format { F32 = 0, Q4_0 = 1, Q4_1 = 2, Q8_0 = 3, BF16 = 4, Q5_0 = 5, Q5_1 = 6, Q4_K = 7, Q5_K = 8, Q6_K = 9 };
 
-struct F32Rows {  // 16 floats a block
-    static constexpr int N = 16, V = 1;
-    static int64_t row_bytes(int64_t K) { return K * 4; }
-    static void decode(const uint8_t* blk, V16* w) { w[0] = vload((const float*)blk); }
-    static constexpr int64_t BYTES = 64;
+// A format of blocks of F::N values, F::BYTES each: unit b is block b.
+template <class F>
+struct Blocks {
+    static int64_t row_bytes(int64_t K) { return K / F::N * F::BYTES; }
+    static const uint8_t* ahead(const uint8_t* row, int64_t b) { return row + b * F::BYTES; }
+    static void unit(const uint8_t* row, int64_t b, V16* w) { F::decode(row + b * F::BYTES, w); }
 };
-struct Q4_0Rows {  // half d, 16 bytes of nibbles q: d * (q - 8)
+
+// A K-quant: super-blocks of 256 values, F::BYTES each, in eight sub-blocks of 32; unit b is
+// sub-block b % 8 of super-block b / 8.
+template <class F>
+struct SuperBlocks {
+    static constexpr int N = 32, V = 2;
+    static int64_t row_bytes(int64_t K) { return K / 256 * F::BYTES; }
+    static const uint8_t* ahead(const uint8_t* row, int64_t b) { return row + b * F::BYTES / 8; }
+    static void unit(const uint8_t* row, int64_t b, V16* w) {
+        F::decode(row + (b >> 3) * F::BYTES, (int)(b & 7), w);
+    }
+};
+
+struct F32Rows : Blocks<F32Rows> {  // 16 floats a block
+    static constexpr int N = 16, V = 1;
+    static constexpr int64_t BYTES = 64;
+    static void decode(const uint8_t* blk, V16* w) { w[0] = vload((const float*)blk); }
+};
+struct Q4_0Rows : Blocks<Q4_0Rows> {  // half d, 16 bytes of nibbles q: d * (q - 8)
     static constexpr int N = 32, V = 2;
     static constexpr int64_t BYTES = 18;
-    static int64_t row_bytes(int64_t K) { return K / N * BYTES; }
     static void decode(const uint8_t* blk, V16* w) {
         uint16_t h;
         memcpy(&h, blk, 2);
@@ -63,10 +84,9 @@ struct Q4_0Rows {  // half d, 16 bytes of nibbles q: d * (q - 8)
         vload_u4_map(blk + 2, [&](V16 q) { return vmul(d, vsub(q, eight)); }, &w[0], &w[1]);
     }
 };
-struct Q4_1Rows {  // half d, half m, 16 bytes of nibbles q: d * q + m
+struct Q4_1Rows : Blocks<Q4_1Rows> {  // half d, half m, 16 bytes of nibbles q: d * q + m
     static constexpr int N = 32, V = 2;
     static constexpr int64_t BYTES = 20;
-    static int64_t row_bytes(int64_t K) { return K / N * BYTES; }
     static void decode(const uint8_t* blk, V16* w) {
         uint16_t h[2];
         memcpy(h, blk, 4);
@@ -75,10 +95,9 @@ struct Q4_1Rows {  // half d, half m, 16 bytes of nibbles q: d * q + m
         vload_u4_map(blk + 4, [&](V16 q) { return vfma(d, q, m); }, &w[0], &w[1]);
     }
 };
-struct Q8_0Rows {  // half d, 32 signed bytes q: d * q
+struct Q8_0Rows : Blocks<Q8_0Rows> {  // half d, 32 signed bytes q: d * q
     static constexpr int N = 32, V = 2;
     static constexpr int64_t BYTES = 34;
-    static int64_t row_bytes(int64_t K) { return K / N * BYTES; }
     static void decode(const uint8_t* blk, V16* w) {
         uint16_t h;
         memcpy(&h, blk, 2);
@@ -87,15 +106,121 @@ struct Q8_0Rows {  // half d, 32 signed bytes q: d * q
         w[1] = vmul(d, vload_i8((const int8_t*)blk + 18));
     }
 };
-struct BF16Rows {  // 32 bfloat16 values
+struct BF16Rows : Blocks<BF16Rows> {  // 32 bfloat16 values
     static constexpr int N = 32, V = 2;
     static constexpr int64_t BYTES = 64;
-    static int64_t row_bytes(int64_t K) { return K * 2; }
     static void decode(const uint8_t* blk, V16* w) {
         w[0] = vload_bf16((const uint16_t*)blk);
         w[1] = vload_bf16((const uint16_t*)blk + 16);
     }
 };
+// Five-bit values: 16 bytes of nibbles as Q4's (value j low in byte j, value j + 16 high)
+// and bit j of a 32-bit word for value j's fifth bit (16 added where it is set).
+inline V16 five_bits(const uint8_t* qs, uint32_t qh, int v) {
+    const V16 q = vload_q(qs, 4 * v, nullptr, 0, 0);
+    return vadd(q, vselect((qh >> (16 * v)) & 0xFFFFu, vset1(16.0f), vzero()));
+}
+struct Q5_0Rows : Blocks<Q5_0Rows> {  // half d, 32 high bits, 16 bytes of nibbles: d * (q - 16)
+    static constexpr int N = 32, V = 2;
+    static constexpr int64_t BYTES = 22;
+    static void decode(const uint8_t* blk, V16* w) {
+        uint16_t h;
+        uint32_t qh;
+        memcpy(&h, blk, 2);
+        memcpy(&qh, blk + 2, 4);
+        const V16 d = vset1(half_to_float(h)), sixteen = vset1(16.0f);
+        for (int v = 0; v < 2; v++) w[v] = vmul(d, vsub(five_bits(blk + 6, qh, v), sixteen));
+    }
+};
+struct Q5_1Rows : Blocks<Q5_1Rows> {  // half d, half m, 32 high bits, 16 bytes: d * q + m
+    static constexpr int N = 32, V = 2;
+    static constexpr int64_t BYTES = 24;
+    static void decode(const uint8_t* blk, V16* w) {
+        uint16_t h[2];
+        uint32_t qh;
+        memcpy(h, blk, 4);
+        memcpy(&qh, blk + 4, 4);
+        const V16 d = vset1(half_to_float(h[0])), m = vset1(half_to_float(h[1]));
+        for (int v = 0; v < 2; v++) w[v] = vfma(d, five_bits(blk + 8, qh, v), m);  // d * q exact
+    }
+};
+// Sub-block j's 6-bit scale and min of a Q4_K or Q5_K super-block (eight pairs in 12 bytes:
+// the low six bits of bytes 0-7 for sub-blocks 0-3, bytes 8-11 and the top two bits of bytes
+// 0-7 for sub-blocks 4-7).
+inline void scale_min(const uint8_t* q, int j, int* sc, int* m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 15) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+// Q4_K and Q5_K: half d, half dmin, 12 bytes of scales, [Q5_K: 32 bytes of fifth bits], 128
+// bytes of nibbles. Sub-block s's value is (d * sc) * q - dmin * m; d * sc and dmin * m are
+// exact (11 by 6 bits) and so is (d * sc) * q, so the value rounds once, in the subtraction.
+// Its nibbles are the low (s even) or high (s odd) halves of bytes 32 (s / 2) ..; its fifth
+// bits, bit s of the 32 bytes.
+template <bool FIVE>
+inline void k_quant(const uint8_t* sb, int s, V16* w) {
+    uint16_t h[2];
+    memcpy(h, sb, 4);
+    int sc, m;
+    scale_min(sb + 4, s, &sc, &m);
+    const V16 d1 = vset1(half_to_float(h[0]) * (float)sc), m1 = vset1(half_to_float(h[1]) * (float)m);
+    const uint8_t* qs = sb + (FIVE ? 48 : 16) + 32 * (s >> 1);
+    for (int v = 0; v < 2; v++) {
+        const V16 q = vload_q(qs + 16 * v, 4 * (s & 1), sb + 16 + 16 * v, s, FIVE ? 1 : 0);
+        w[v] = vsub(vmul(d1, q), m1);
+    }
+}
+struct Q4_KRows : SuperBlocks<Q4_KRows> {
+    static constexpr int64_t BYTES = 144;
+    static void decode(const uint8_t* sb, int s, V16* w) { k_quant<false>(sb, s, w); }
+};
+struct Q5_KRows : SuperBlocks<Q5_KRows> {
+    static constexpr int64_t BYTES = 176;
+    static void decode(const uint8_t* sb, int s, V16* w) { k_quant<true>(sb, s, w); }
+};
+// Q6_K: 128 bytes of low nibbles, 64 bytes of 2-bit highs, 16 signed 8-bit scales, half d;
+// a value is (d * sc) * (q - 32), exact to the product (11 by 8 by 6 bits). In each half h
+// of 128 values, sub-block t (0-3) takes nibbles of bytes 64 h + 32 (t % 2) .. (low for
+// t < 2), bits 2 t, 2 t + 1 of bytes 128 + 32 h .., and scales 8 h + 2 t (its first 16
+// values) and 8 h + 2 t + 1.
+struct Q6_KRows : SuperBlocks<Q6_KRows> {
+    static constexpr int64_t BYTES = 210;
+    static void decode(const uint8_t* sb, int s, V16* w) {
+        uint16_t h;
+        memcpy(&h, sb + 208, 2);
+        const float d = half_to_float(h);
+        const int half = s >> 2, t = s & 3;
+        const uint8_t* ql = sb + 64 * half + 32 * (t & 1);
+        const uint8_t* qh = sb + 128 + 32 * half;
+        const int8_t* sc = (const int8_t*)(sb + 192) + 8 * half + 2 * t;
+        const V16 bias = vset1(32.0f);
+        for (int v = 0; v < 2; v++) {
+            const V16 q = vsub(vload_q(ql + 16 * v, 4 * (t >> 1), qh + 16 * v, 2 * t, 3), bias);
+            w[v] = vmul(vset1(d * (float)sc[v]), q);
+        }
+    }
+};
+
+// Calls f with the format `code` names (F32 for an unknown code, which the callers never pass).
+template <class Fn>
+inline void with_format(int32_t code, Fn f) {
+    switch (code) {
+        case Q4_0: f(Q4_0Rows{}); break;
+        case Q4_1: f(Q4_1Rows{}); break;
+        case Q8_0: f(Q8_0Rows{}); break;
+        case BF16: f(BF16Rows{}); break;
+        case Q5_0: f(Q5_0Rows{}); break;
+        case Q5_1: f(Q5_1Rows{}); break;
+        case Q4_K: f(Q4_KRows{}); break;
+        case Q5_K: f(Q5_KRows{}); break;
+        case Q6_K: f(Q6_KRows{}); break;
+        default: f(F32Rows{}); break;
+    }
+}
 
 // y[i * ldy + r] = W[r] . x[i * ldx ..] for rows r in [r0, r0 + R) and NT tokens i: each
 // block of the R rows decoded once, multiplied with every token while in registers.
@@ -110,11 +235,11 @@ inline void block(const uint8_t* W, int64_t K, const float* x, int64_t ldx, int6
     for (int64_t b = 0, k = 0; k < K; b++, k += F::N) {
         V16 wv[R][F::V];
         for (int a = 0; a < R; a++) {
-            F::decode(w + a * rb + b * F::BYTES, wv[a]);
+            F::unit(w + a * rb, b, wv[a]);
             // the next block of rows, on its way while this one computes (a prefetch never
             // faults, past the weight's end included): 1.2-1.7x the streaming speed of
             // the hardware's prefetcher alone, most with several tokens
-            specd::prefetch(w + (R + a) * rb + b * F::BYTES);
+            specd::prefetch(F::ahead(w + (R + a) * rb, b));
         }
         for (int i = 0; i < NT; i++)
             for (int v = 0; v < F::V; v++) {
@@ -153,17 +278,11 @@ struct Weight {
 };
 
 // y[i * ldy + r] = W[r] . x[i * ldx ..] (+ b[r]) for rows [r0, r1) of W [*, K] and tokens
-// i < T; K a multiple of 16 (of 32 for a block format).
+// i < T; K a multiple of 16 (of 32 for a block format, of 256 for a K-quant).
 inline void rows(Weight W, const float* b, int64_t K, const float* x, int64_t ldx, int64_t T,
                  int64_t r0, int64_t r1, float* y, int64_t ldy) {
     const uint8_t* p = (const uint8_t*)W.p;
-    switch (W.format) {
-        case Q4_0: rows_of<Q4_0Rows>(p, K, x, ldx, T, r0, r1, y, ldy); break;
-        case Q4_1: rows_of<Q4_1Rows>(p, K, x, ldx, T, r0, r1, y, ldy); break;
-        case Q8_0: rows_of<Q8_0Rows>(p, K, x, ldx, T, r0, r1, y, ldy); break;
-        case BF16: rows_of<BF16Rows>(p, K, x, ldx, T, r0, r1, y, ldy); break;
-        default: rows_of<F32Rows>(p, K, x, ldx, T, r0, r1, y, ldy); break;
-    }
+    with_format(W.format, [&](auto fmt) { rows_of<decltype(fmt)>(p, K, x, ldx, T, r0, r1, y, ldy); });
     if (b != nullptr)
         for (int64_t i = 0; i < T; i++)
             for (int64_t r = r0; r < r1; r++) y[i * ldy + r] += b[r];
@@ -385,24 +504,18 @@ void specd_dequantize(const void* weight, int32_t format, int64_t rows, int64_t 
             const uint8_t* row = (const uint8_t*)weight + r * rb;
             for (int64_t b = 0, k = 0; k < K; b++, k += F::N) {
                 V16 w[F::V];
-                F::decode(row + b * F::BYTES, w);
+                F::unit(row, b, w);
                 for (int v = 0; v < F::V; v++) vstore(out + r * K + k + 16 * v, w[v]);
             }
         }
     };
-    switch (format) {
-        case Q4_0: run(Q4_0Rows{}); break;
-        case Q4_1: run(Q4_1Rows{}); break;
-        case Q8_0: run(Q8_0Rows{}); break;
-        case BF16: run(BF16Rows{}); break;
-        default: run(F32Rows{}); break;
-    }
+    with_format(format, run);
 }
 
 // y [T, N] = x [T, K] . W [N, K]^T (+ b [N]) for W stored as `format`: the step's own
 // products (each row's blocks decoded once for all T tokens) for a drafter's small layers
 // outside the step. The rows are split between the threads; K a multiple of 16 (of 32 for
-// a block format).
+// a block format, of 256 for a K-quant).
 void specd_product(const void* weight, int32_t format, int64_t N, int64_t K, const float* x,
                    int64_t T, const float* b, float* y, int threads) {
 #pragma omp parallel num_threads(threads)
@@ -434,7 +547,7 @@ int64_t specd_decode_step_work(int64_t H, int64_t I, int64_t Hq, int64_t KV, int
 // lm_format, lm_b [V] or null. Writes logits [T, V] (unless logits is null) and hidden
 // [T, H] (the final norm's output). work:
 // specd_decode_step_work floats. Sizes H, I, D multiples of 16 (of 32 where a product's
-// input runs along blocks); Hq a multiple of KV; 1 <= T <= MAX_T.
+// input runs along blocks, of 256 along a K-quant's); Hq a multiple of KV; 1 <= T <= MAX_T.
 void specd_decode_step(const void* const* layers, const int32_t* formats, int64_t L,
                        const int64_t* caches, int64_t H, int64_t I, int64_t Hq, int64_t KV,
                        int64_t D, float eps, float scale, const float* x, const float* cos,

@@ -2,8 +2,9 @@
 // scalar reference in double precision: the step kernel (decode_step.cpp) over a tiny
 // Llama-shaped stack of layers with random weights, chains and trees of 1 to 16 new tokens
 // over caches of several lengths, with and without biases, 16- and 64-wide heads, one to
-// three threads; the same step over weights stored as Q4_0, Q4_1, Q8_0 and BF16 blocks
-// against its run over their float32 values (equal bit for bit); and the attention kernel
+// three threads; the same step over weights stored as blocks of each of GGUF's formats the
+// kernel reads (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16) against its run over
+// their float32 values (equal bit for bit); and the attention kernel
 // (attention.cpp) at shapes that cross its blocks of 64 queries and keys, chains and trees.
 //
 // Built together with the kernels (scripts/check_kernels.sh ISA), run natively or under an
@@ -286,9 +287,12 @@ double check_step(const Model& m, int* passes) {
 }
 
 // Weights stored as blocks (decode_step.cpp's Format): random blocks of each format, their
-// values decoded here independently of the kernel (a half's value from its fields).
-enum { F32 = 0, Q4_0 = 1, Q4_1 = 2, Q8_0 = 3, BF16 = 4 };
-const int64_t BLOCK_BYTES[] = {0, 18, 20, 34, 64};
+// values decoded here independently of the kernel (a half's value from its fields, each
+// format's loops as ggml's reference de-quantizers run them, in double precision).
+enum { F32 = 0, Q4_0 = 1, Q4_1 = 2, Q8_0 = 3, BF16 = 4, Q5_0 = 5, Q5_1 = 6, Q4_K = 7, Q5_K = 8, Q6_K = 9 };
+const int64_t BLOCK_BYTES[] = {0, 18, 20, 34, 64, 22, 24, 144, 176, 210};
+const char* const NAMES[] = {"F32", "Q4_0", "Q4_1", "Q8_0", "BF16", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"};
+int64_t block_values(int f) { return f >= Q4_K ? 256 : 32; }
 
 double half_value(uint16_t h) {
     const int e = (h >> 10) & 31, m = h & 1023;
@@ -302,40 +306,98 @@ uint16_t random_half(int lo, int hi) {
     return (uint16_t)(((rng() & 1u) << 15) | (e << 10) | (rng() & 1023u));
 }
 
+// The eight 6-bit scales and mins of a Q4_K or Q5_K super-block: bytes 0-3 hold scales 0-3
+// (low six bits) and the top bits of scales 4-7, bytes 4-7 the mins likewise, bytes 8-11
+// the low four bits of scales (low nibble) and mins (high nibble) 4-7.
+void scales_mins(const uint8_t* p, int sc[8], int mn[8]) {
+    for (int j = 0; j < 4; j++) {
+        sc[j] = p[j] & 63;
+        mn[j] = p[4 + j] & 63;
+        sc[4 + j] = (p[8 + j] & 15) | ((p[j] >> 6) << 4);
+        mn[4 + j] = (p[8 + j] >> 4) | ((p[4 + j] >> 6) << 4);
+    }
+}
+
+// One block of format f at blk (random bytes, sane scales) and its values into out.
+void random_block(int f, uint8_t* blk, float* out) {
+    for (int64_t j = 0; j < BLOCK_BYTES[f]; j++) blk[j] = (uint8_t)rng();
+    if (f == BF16) {
+        for (int j = 0; j < 32; j++) {
+            const uint16_t h = (uint16_t)(((rng() & 1u) << 15) | ((118u + rng() % 8u) << 7) | (rng() & 127u));
+            memcpy(blk + 2 * j, &h, 2);
+            const uint32_t bits = (uint32_t)h << 16;
+            memcpy(&out[j], &bits, 4);
+        }
+        return;
+    }
+    if (f == Q4_K || f == Q5_K) {
+        const uint16_t d = random_half(-14, -9), dmin = random_half(-12, -8);
+        memcpy(blk, &d, 2);
+        memcpy(blk + 2, &dmin, 2);
+        int sc[8], mn[8];
+        scales_mins(blk + 4, sc, mn);
+        const uint8_t* qh = blk + 16;
+        const uint8_t* q = blk + (f == Q5_K ? 48 : 16);
+        for (int j = 0, is = 0; j < 256; j += 64, is += 2, q += 32)
+            for (int l = 0; l < 32; l++) {
+                const int lo = (q[l] & 15) + (f == Q5_K && (qh[l] >> is) & 1 ? 16 : 0);
+                const int hi = (q[l] >> 4) + (f == Q5_K && (qh[l] >> (is + 1)) & 1 ? 16 : 0);
+                out[j + l] = (float)(half_value(d) * sc[is] * lo - half_value(dmin) * mn[is]);
+                out[j + 32 + l] = (float)(half_value(d) * sc[is + 1] * hi - half_value(dmin) * mn[is + 1]);
+            }
+        return;
+    }
+    if (f == Q6_K) {
+        const uint16_t d = random_half(-14, -10);
+        memcpy(blk + 208, &d, 2);
+        const uint8_t *ql = blk, *qh = blk + 128;
+        const int8_t* sc = (const int8_t*)(blk + 192);
+        for (int n = 0; n < 256; n += 128, ql += 64, qh += 32, sc += 8)
+            for (int l = 0; l < 32; l++) {
+                const int is = l / 16;
+                const int q1 = ((ql[l] & 15) | ((qh[l] & 3) << 4)) - 32;
+                const int q2 = ((ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4)) - 32;
+                const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+                const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+                out[n + l] = (float)(half_value(d) * sc[is] * q1);
+                out[n + l + 32] = (float)(half_value(d) * sc[is + 2] * q2);
+                out[n + l + 64] = (float)(half_value(d) * sc[is + 4] * q3);
+                out[n + l + 96] = (float)(half_value(d) * sc[is + 6] * q4);
+            }
+        return;
+    }
+    const uint16_t d = random_half(-9, -5), mn = random_half(-6, -3);
+    memcpy(blk, &d, 2);
+    const bool with_min = f == Q4_1 || f == Q5_1;
+    if (with_min) memcpy(blk + 2, &mn, 2);
+    const uint8_t* q = blk + (with_min ? 4 : 2);
+    uint32_t qh = 0;
+    if (f == Q5_0 || f == Q5_1) {
+        memcpy(&qh, q, 4);
+        q += 4;
+    }
+    for (int j = 0; j < 32; j++) {
+        double v;
+        if (f == Q8_0) v = half_value(d) * (int8_t)q[j];
+        else {
+            int nib = j < 16 ? q[j] & 15 : q[j - 16] >> 4;
+            if (f == Q5_0 || f == Q5_1) nib |= ((qh >> j) & 1) << 4;
+            if (f == Q4_0) v = half_value(d) * (nib - 8);
+            else if (f == Q5_0) v = half_value(d) * (nib - 16);
+            else v = half_value(d) * nib + half_value(mn);
+        }
+        out[j] = (float)v;  // d * q is exact; + m rounds once, as a float sum does
+    }
+}
+
 // rows x K values of format f: the blocks (into `bytes`) and their values (returned).
 Vec random_blocks(int f, int64_t rows, int64_t K, std::vector<uint8_t>* bytes) {
-    const int64_t nb = K / 32;
+    const int64_t per = block_values(f), nb = K / per;
     bytes->assign(rows * nb * BLOCK_BYTES[f], 0);
     Vec values(rows * K);
     for (int64_t r = 0; r < rows; r++)
-        for (int64_t b = 0; b < nb; b++) {
-            uint8_t* blk = bytes->data() + (r * nb + b) * BLOCK_BYTES[f];
-            float* out = &values[r * K + b * 32];
-            if (f == BF16) {
-                for (int j = 0; j < 32; j++) {
-                    const uint16_t h = (uint16_t)(((rng() & 1u) << 15) | ((118u + rng() % 8u) << 7) | (rng() & 127u));
-                    memcpy(blk + 2 * j, &h, 2);
-                    const uint32_t bits = (uint32_t)h << 16;
-                    memcpy(&out[j], &bits, 4);
-                }
-                continue;
-            }
-            const uint16_t d = random_half(-9, -5), mn = random_half(-6, -3);
-            memcpy(blk, &d, 2);
-            if (f == Q4_1) memcpy(blk + 2, &mn, 2);
-            uint8_t* q = blk + (f == Q4_1 ? 4 : 2);
-            const int n = f == Q8_0 ? 32 : 16;
-            for (int j = 0; j < n; j++) q[j] = (uint8_t)rng();
-            for (int j = 0; j < 32; j++) {
-                double v;
-                if (f == Q8_0) v = half_value(d) * (int8_t)q[j];
-                else {
-                    const int nib = j < 16 ? q[j] & 15 : q[j - 16] >> 4;
-                    v = f == Q4_0 ? half_value(d) * (nib - 8) : half_value(d) * nib + half_value(mn);
-                }
-                out[j] = (float)v;  // d * q is exact; + m rounds once, as a float sum does
-            }
-        }
+        for (int64_t b = 0; b < nb; b++)
+            random_block(f, bytes->data() + (r * nb + b) * BLOCK_BYTES[f], &values[r * K + b * per]);
     return values;
 }
 
@@ -453,13 +515,18 @@ int main(int argc, char** argv) {
     }
     int block_passes = 0;
     int64_t differ = 0;
-    for (int f : {Q4_0, Q4_1, Q8_0, BF16})
-        differ += check_blocks(wide, f, &block_passes) + check_blocks(narrow, f, &block_passes);
+    const Model kq = make_model(1, 256, 512, 4, 2, 64, 40, false);  // whole super-blocks of 256
+    for (int f = Q4_0; f <= Q6_K; f++) {
+        const int64_t d = f >= Q4_K ? check_blocks(kq, f, &block_passes)
+                                    : check_blocks(wide, f, &block_passes) + check_blocks(narrow, f, &block_passes);
+        if (d != 0) printf("%s blocks: %lld values differ from the float32 step's\n", NAMES[f], (long long)d);
+        differ += d;
+    }
     const bool ok = step <= tolerance && attention <= tolerance && differ == 0;
     printf("specd kernels, %s: step %.2e over %d passes, attention %.2e over %d shapes "
            "(largest error relative to the largest value; tolerance %.0e); weights as Q4_0, "
-           "Q4_1, Q8_0 and BF16 blocks against their float32 values: %lld values differ over %d "
-           "passes: %s\n",
+           "Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K and BF16 blocks against their float32 "
+           "values: %lld values differ over %d passes: %s\n",
            specd_kernel_isa(), step, passes, attention, (int)(sizeof(shapes) / sizeof(shapes[0])),
            tolerance, (long long)differ, block_passes, ok ? "ok" : "FAILED");
     return ok ? 0 : 1;

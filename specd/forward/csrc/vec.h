@@ -163,6 +163,19 @@ inline V16 vload_bf16(const uint16_t* p) {
     const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p));
     return {_mm512_castsi512_ps(_mm512_slli_epi32(w, 16))};
 }
+// 16 small unsigned integers packed in bytes, as floats: value i is (lo[i] >> ls) & 15, plus
+// ((hi[i] >> hs) & hm) << 4 where hm is not 0 (GGUF's 4-, 5- and 6-bit values; a shift
+// may vary at run time).
+inline V16 vload_q(const uint8_t* lo, int ls, const uint8_t* hi, int hs, int hm) {
+    const __m512i w = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)lo));
+    __m512i q = _mm512_and_si512(_mm512_srl_epi32(w, _mm_cvtsi32_si128(ls)), _mm512_set1_epi32(15));
+    if (hm != 0) {
+        const __m512i h = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)hi));
+        const __m512i top = _mm512_and_si512(_mm512_srl_epi32(h, _mm_cvtsi32_si128(hs)), _mm512_set1_epi32(hm));
+        q = _mm512_or_si512(q, _mm512_slli_epi32(top, 4));
+    }
+    return {_mm512_cvtepi32_ps(q)};
+}
 
 // Bit i set where p[i] != 0, for i < n <= 64; never reads past p + n.
 inline uint64_t nonzero_bits(const uint8_t* p, int64_t n) {
@@ -290,6 +303,21 @@ inline V16 vload_bf16(const uint16_t* p) {
     const __m256i a = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p));
     const __m256i b = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(p + 8)));
     return {_mm256_castsi256_ps(_mm256_slli_epi32(a, 16)), _mm256_castsi256_ps(_mm256_slli_epi32(b, 16))};
+}
+inline V16 vload_q(const uint8_t* lo, int ls, const uint8_t* hi, int hs, int hm) {
+    const __m128i b = _mm_loadu_si128((const __m128i*)lo), sl = _mm_cvtsi32_si128(ls);
+    const __m256i mask = _mm256_set1_epi32(15);
+    __m256i q0 = _mm256_and_si256(_mm256_srl_epi32(_mm256_cvtepu8_epi32(b), sl), mask);
+    __m256i q1 = _mm256_and_si256(_mm256_srl_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)), sl), mask);
+    if (hm != 0) {
+        const __m128i h = _mm_loadu_si128((const __m128i*)hi), sh = _mm_cvtsi32_si128(hs);
+        const __m256i hmask = _mm256_set1_epi32(hm);
+        const __m256i h0 = _mm256_and_si256(_mm256_srl_epi32(_mm256_cvtepu8_epi32(h), sh), hmask);
+        const __m256i h1 = _mm256_and_si256(_mm256_srl_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(h, 8)), sh), hmask);
+        q0 = _mm256_or_si256(q0, _mm256_slli_epi32(h0, 4));
+        q1 = _mm256_or_si256(q1, _mm256_slli_epi32(h1, 4));
+    }
+    return {_mm256_cvtepi32_ps(q0), _mm256_cvtepi32_ps(q1)};
 }
 
 inline uint64_t nonzero_bits(const uint8_t* p, int64_t n) {
@@ -419,6 +447,14 @@ inline V16 vload_bf16(const uint16_t* p) {
              vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(b), 16)),
              vreinterpretq_f32_u32(vshll_n_u16(vget_high_u16(b), 16))}};
 }
+inline V16 vload_q(const uint8_t* lo, int ls, const uint8_t* hi, int hs, int hm) {
+    uint8x16_t q = vandq_u8(vshlq_u8(vld1q_u8(lo), vdupq_n_s8((int8_t)-ls)), vdupq_n_u8(15));
+    if (hm != 0) {
+        const uint8x16_t top = vandq_u8(vshlq_u8(vld1q_u8(hi), vdupq_n_s8((int8_t)-hs)), vdupq_n_u8((uint8_t)hm));
+        q = vorrq_u8(q, vshlq_n_u8(top, 4));
+    }
+    return u8x16(q);
+}
 
 inline uint64_t nonzero_bits(const uint8_t* p, int64_t n) {
     uint64_t bits = 0;
@@ -502,6 +538,14 @@ inline V16 vload_bf16(const uint16_t* p) {
     for (int i = 0; i < 16; i++) {
         const uint32_t bits = (uint32_t)p[i] << 16;
         memcpy(&r.f[i], &bits, 4);
+    }
+    return r;
+}
+inline V16 vload_q(const uint8_t* lo, int ls, const uint8_t* hi, int hs, int hm) {
+    V16 r;
+    for (int i = 0; i < 16; i++) {
+        const int top = hm != 0 ? ((hi[i] >> hs) & hm) << 4 : 0;
+        r.f[i] = (float)(((lo[i] >> ls) & 15) | top);
     }
     return r;
 }
