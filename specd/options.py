@@ -28,7 +28,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--model",
         default=None,
-        help="alias (default: smollm2-135m), local HF directory, cached hub id, "
+        help="alias (default: smollm2-135m), a .gguf file, local HF directory, cached hub id, "
         "or tiny[:SEED] (a tiny random model that writes random characters, for tests)",
     )
     g.add_argument(

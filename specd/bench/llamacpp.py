@@ -55,25 +55,20 @@ def version() -> str | None:
 
 
 def model_file(model: str) -> Path | None:
-    """The GGUF file of ``model`` (an alias of :data:`specd.forward.models.ALIASES`), or None
-    when the model is not one."""
-    from ..forward.models import ALIASES, gguf_path
+    """The GGUF file of ``model`` (an alias of :data:`specd.forward.models.ALIASES` or a
+    ``.gguf`` path), or None when the model is not one."""
+    from ..forward.models import gguf_file
 
-    source = ALIASES.get(model)
-    return gguf_path(source) if source is not None else None
+    return gguf_file(model)
 
 
 def unavailable(model: str) -> str | None:
     """Why the llama.cpp configurations cannot run on ``model`` (None: they can)."""
-    if model not in _aliases():
-        return f"llama.cpp runs GGUF files; {model} is not one"
-    return import_error()
-
-
-def _aliases() -> tuple[str, ...]:
     from ..forward.models import ALIASES
 
-    return tuple(ALIASES)
+    if model not in ALIASES and not model.lower().endswith(".gguf"):
+        return f"llama.cpp runs GGUF files; {model} is not one"
+    return import_error()
 
 
 class LlamaCppRunner:

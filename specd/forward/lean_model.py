@@ -235,7 +235,7 @@ def load(
         (``where`` still gives the configuration and the generation defaults).
     """
     cfg = read_config(where)
-    why = unsupported(cfg, where)
+    why = unsupported(cfg, where, gguf=gguf is not None)
     if why:
         if weights != "f32":
             raise BadInputError(
@@ -291,8 +291,9 @@ def read_config(where: Path) -> LeanConfig:
     return LeanConfig(values)
 
 
-def unsupported(cfg: LeanConfig, where: Path) -> str:
-    """Why :func:`load` leaves the model in ``where`` to transformers ("" when it does not)."""
+def unsupported(cfg: LeanConfig, where: Path, *, gguf: bool = False) -> str:
+    """Why :func:`load` leaves the model in ``where`` to transformers ("" when it does not);
+    with ``gguf`` its tensors come from a GGUF file, not ``where``'s safetensors."""
     missing = [k for k in REQUIRED if getattr(cfg, k, None) is None]
     if missing:
         return f"config.json lacks {', '.join(missing)}"
@@ -308,7 +309,7 @@ def unsupported(cfg: LeanConfig, where: Path) -> str:
     kind = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "?"
     if kind != "default" or getattr(cfg, "partial_rotary_factor", 1.0) != 1.0:
         return f"rotary embeddings of type {kind!r}"
-    if not weight_files(where):
+    if not gguf and not weight_files(where):
         return "no safetensors weights"
     return ""
 

