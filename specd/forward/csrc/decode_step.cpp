@@ -52,20 +52,26 @@ enum Format { F32 = 0, Q4_0 = 1, Q4_1 = 2, Q8_0 = 3, BF16 = 4, Q5_0 = 5, Q5_1 = 
 // A format of blocks of F::N values, F::BYTES each: unit b is block b.
 template <class F>
 struct Blocks {
+    struct Header {};
+    static constexpr int GROUP = 1;
     static int64_t row_bytes(int64_t K) { return K / F::N * F::BYTES; }
     static const uint8_t* ahead(const uint8_t* row, int64_t b) { return row + b * F::BYTES; }
-    static void unit(const uint8_t* row, int64_t b, V16* w) { F::decode(row + b * F::BYTES, w); }
+    static void header(const uint8_t*, Header*) {}
+    static void unit(const uint8_t* row, int64_t b, V16* w, const Header&) { F::decode(row + b * F::BYTES, w); }
 };
 
 // A K-quant: super-blocks of 256 values, F::BYTES each, in eight sub-blocks of 32; unit b is
 // sub-block b % 8 of super-block b / 8.
 template <class F>
 struct SuperBlocks {
-    static constexpr int N = 32, V = 2;
+    static constexpr int N = 32, V = 2, GROUP = 8;
+    struct Header {
+        float scale[16], low[8];
+    };
     static int64_t row_bytes(int64_t K) { return K / 256 * F::BYTES; }
     static const uint8_t* ahead(const uint8_t* row, int64_t b) { return row + b * F::BYTES / 8; }
-    static void unit(const uint8_t* row, int64_t b, V16* w) {
-        F::decode(row + (b >> 3) * F::BYTES, (int)(b & 7), w);
+    static void unit(const uint8_t* row, int64_t b, V16* w, const Header& h) {
+        F::decode(row + (b >> 3) * F::BYTES, (int)(b & 7), w, h);
     }
 };
 
@@ -161,24 +167,34 @@ inline void scale_min(const uint8_t* q, int j, int* sc, int* m) {
 // exact (11 by 6 bits) and so is (d * sc) * q, so the value rounds once, in the subtraction.
 // Its nibbles are the low (s even) or high (s odd) halves of bytes 32 (s / 2) ..; its fifth
 // bits, bit s of the 32 bytes.
-template <bool FIVE>
-inline void k_quant(const uint8_t* sb, int s, V16* w) {
-    uint16_t h[2];
-    memcpy(h, sb, 4);
-    int sc, m;
-    scale_min(sb + 4, s, &sc, &m);
-    const V16 d1 = vset1(half_to_float(h[0]) * (float)sc), m1 = vset1(-(half_to_float(h[1]) * (float)m));
-    const uint8_t* qs = sb + (FIVE ? 48 : 16) + 32 * (s >> 1);
-    for (int v = 0; v < 2; v++)  // (d * sc) * q exact: one rounding, as the subtraction
-        w[v] = vfma(d1, vload_q(qs + 16 * v, 4 * (s & 1), sb + 16 + 16 * v, s, FIVE ? 1 : 0), m1);
-}
-struct Q4_KRows : SuperBlocks<Q4_KRows> {
-    static constexpr int64_t BYTES = 144;
-    static void decode(const uint8_t* sb, int s, V16* w) { k_quant<false>(sb, s, w); }
+template <class F>
+struct KQuant : SuperBlocks<F> {
+    using Header = typename SuperBlocks<F>::Header;
+    static void header(const uint8_t* sb, Header* h) {  // d * sc and -(dmin * m) of each sub-block
+        uint16_t dd[2];
+        memcpy(dd, sb, 4);
+        const float d = half_to_float(dd[0]), dmin = half_to_float(dd[1]);
+        for (int j = 0; j < 8; j++) {
+            int sc, m;
+            scale_min(sb + 4, j, &sc, &m);
+            h->scale[j] = d * (float)sc;
+            h->low[j] = -(dmin * (float)m);
+        }
+    }
+    static void decode(const uint8_t* sb, int s, V16* w, const Header& h) {
+        const V16 d1 = vset1(h.scale[s]), m1 = vset1(h.low[s]);
+        const uint8_t* qs = sb + (F::FIVE ? 48 : 16) + 32 * (s >> 1);
+        for (int v = 0; v < 2; v++)  // (d * sc) * q exact: one rounding, as the subtraction
+            w[v] = vfma(d1, vload_q(qs + 16 * v, 4 * (s & 1), sb + 16 + 16 * v, s, F::FIVE ? 1 : 0), m1);
+    }
 };
-struct Q5_KRows : SuperBlocks<Q5_KRows> {
+struct Q4_KRows : KQuant<Q4_KRows> {
+    static constexpr int64_t BYTES = 144;
+    static constexpr bool FIVE = false;
+};
+struct Q5_KRows : KQuant<Q5_KRows> {
     static constexpr int64_t BYTES = 176;
-    static void decode(const uint8_t* sb, int s, V16* w) { k_quant<true>(sb, s, w); }
+    static constexpr bool FIVE = true;
 };
 // Q6_K: 128 bytes of low nibbles, 64 bytes of 2-bit highs, 16 signed 8-bit scales, half d;
 // a value is (d * sc) * (q - 32), exact to the product (11 by 8 by 6 bits). In each half h
@@ -187,18 +203,20 @@ struct Q5_KRows : SuperBlocks<Q5_KRows> {
 // values) and 8 h + 2 t + 1.
 struct Q6_KRows : SuperBlocks<Q6_KRows> {
     static constexpr int64_t BYTES = 210;
-    static void decode(const uint8_t* sb, int s, V16* w) {
-        uint16_t h;
-        memcpy(&h, sb + 208, 2);
-        const float d = half_to_float(h);
+    static void header(const uint8_t* sb, Header* h) {  // d * sc of each 16 values
+        uint16_t dd;
+        memcpy(&dd, sb + 208, 2);
+        const float d = half_to_float(dd);
+        for (int j = 0; j < 16; j++) h->scale[j] = d * (float)(int8_t)sb[192 + j];
+    }
+    static void decode(const uint8_t* sb, int s, V16* w, const Header& h) {
         const int half = s >> 2, t = s & 3;
         const uint8_t* ql = sb + 64 * half + 32 * (t & 1);
         const uint8_t* qh = sb + 128 + 32 * half;
-        const int8_t* sc = (const int8_t*)(sb + 192) + 8 * half + 2 * t;
         const V16 bias = vset1(32.0f);
         for (int v = 0; v < 2; v++) {  // (d * sc) * (q - 32): a zero keeps the sign of d * sc
             const V16 q = vsub(vload_q(ql + 16 * v, 4 * (t >> 1), qh + 16 * v, 2 * t, 3), bias);
-            w[v] = vmul(vset1(d * (float)sc[v]), q);
+            w[v] = vmul(vset1(h.scale[8 * half + 2 * t + v]), q);
         }
     }
 };
@@ -230,10 +248,13 @@ inline void block(const uint8_t* W, int64_t K, const float* x, int64_t ldx, int6
     for (int a = 0; a < R; a++)
         for (int i = 0; i < NT; i++) acc[a][i] = vzero();
     const uint8_t* w = W + r0 * rb;
+    typename F::Header head[R];
     for (int64_t b = 0, k = 0; k < K; b++, k += F::N) {
+        if (F::GROUP > 1 && b % F::GROUP == 0)  // a K-quant's scales, once a super-block
+            for (int a = 0; a < R; a++) F::header(w + a * rb + b / F::GROUP * F::BYTES, &head[a]);
         V16 wv[R][F::V];
         for (int a = 0; a < R; a++) {
-            F::unit(w + a * rb, b, wv[a]);
+            F::unit(w + a * rb, b, wv[a], head[a]);
             // the next block of rows, on its way while this one computes (a prefetch never
             // faults, past the weight's end included): 1.2-1.7x the streaming speed of
             // the hardware's prefetcher alone, most with several tokens
@@ -500,9 +521,11 @@ void specd_dequantize(const void* weight, int32_t format, int64_t rows, int64_t 
 #pragma omp parallel for num_threads(threads) schedule(static)
         for (int64_t r = 0; r < rows; r++) {
             const uint8_t* row = (const uint8_t*)weight + r * rb;
+            typename F::Header head;
             for (int64_t b = 0, k = 0; k < K; b++, k += F::N) {
+                if (F::GROUP > 1 && b % F::GROUP == 0) F::header(row + b / F::GROUP * F::BYTES, &head);
                 V16 w[F::V];
-                F::unit(row, b, w);
+                F::unit(row, b, w, head);
                 for (int v = 0; v < F::V; v++) vstore(out + r * K + k + 16 * v, w[v]);
             }
         }
