@@ -210,9 +210,8 @@ struct Q6_KRows : SuperBlocks<Q6_KRows> {
         const int half = s >> 2, t = s & 3;
         const uint8_t* ql = sb + 64 * half + 32 * (t & 1);
         const uint8_t* qh = sb + 128 + 32 * half;
-        const V16 bias = vset1(32.0f);
         for (int v = 0; v < 2; v++) {  // (d * sc) * (q - 32): a zero keeps the sign of d * sc
-            const V16 q = vsub(vload_q(ql + 16 * v, 4 * (t >> 1), qh + 16 * v, 2 * t, 3), bias);
+            const V16 q = vload_q(ql + 16 * v, 4 * (t >> 1), qh + 16 * v, 2 * t, 3, 32);
             w[v] = vmul(vset1(h.scale[8 * half + 2 * t + v]), q);
         }
     }

@@ -176,8 +176,12 @@ inline __m128i q_bytes(const uint8_t* lo, int ls, const uint8_t* hi, int hs, int
     }
     return q;
 }
-inline V16 vload_q(const uint8_t* lo, int ls, const uint8_t* hi, int hs, int hm) {
-    return {_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q_bytes(lo, ls, hi, hs, hm)))};
+// less `bias` (subtracted in the bytes: the values signed after it).
+inline V16 vload_q(const uint8_t* lo, int ls, const uint8_t* hi, int hs, int hm, int bias = 0) {
+    const __m128i q = q_bytes(lo, ls, hi, hs, hm);
+    if (bias != 0)
+        return {_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_sub_epi8(q, _mm_set1_epi8((char)bias))))};
+    return {_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q))};
 }
 // The same with value i's fifth bit from bit i of `bits` (GGUF's Q5_0 and Q5_1).
 inline V16 vload_q_bits(const uint8_t* lo, int ls, unsigned bits) {
@@ -338,8 +342,11 @@ inline __m128i q_bytes(const uint8_t* lo, int ls, const uint8_t* hi, int hs, int
 inline V16 u8x16(__m128i b) {
     return {_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)))};
 }
-inline V16 vload_q(const uint8_t* lo, int ls, const uint8_t* hi, int hs, int hm) {
-    return u8x16(q_bytes(lo, ls, hi, hs, hm));
+inline V16 vload_q(const uint8_t* lo, int ls, const uint8_t* hi, int hs, int hm, int bias = 0) {
+    const __m128i q = q_bytes(lo, ls, hi, hs, hm);
+    if (bias == 0) return u8x16(q);
+    const __m128i b = _mm_sub_epi8(q, _mm_set1_epi8((char)bias));
+    return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)))};
 }
 inline V16 vload_q_bits(const uint8_t* lo, int ls, unsigned bits) {
     // bit i of bits to byte i: each byte takes the byte of bits holding its bit, tests it
@@ -482,13 +489,16 @@ inline V16 vload_bf16(const uint16_t* p) {
              vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(b), 16)),
              vreinterpretq_f32_u32(vshll_n_u16(vget_high_u16(b), 16))}};
 }
-inline V16 vload_q(const uint8_t* lo, int ls, const uint8_t* hi, int hs, int hm) {
+inline V16 vload_q(const uint8_t* lo, int ls, const uint8_t* hi, int hs, int hm, int bias = 0) {
     uint8x16_t q = vandq_u8(vshlq_u8(vld1q_u8(lo), vdupq_n_s8((int8_t)-ls)), vdupq_n_u8(15));
     if (hm != 0) {
         const uint8x16_t top = vandq_u8(vshlq_u8(vld1q_u8(hi), vdupq_n_s8((int8_t)-hs)), vdupq_n_u8((uint8_t)hm));
         q = vorrq_u8(q, vshlq_n_u8(top, 4));
     }
-    return u8x16(q);
+    if (bias == 0) return u8x16(q);
+    int8_t b[16];
+    vst1q_s8(b, vreinterpretq_s8_u8(vsubq_u8(q, vdupq_n_u8((uint8_t)bias))));
+    return vload_i8(b);
 }
 
 inline V16 vload_q_bits(const uint8_t* lo, int ls, unsigned bits) {
@@ -590,11 +600,11 @@ inline V16 vload_bf16(const uint16_t* p) {
     }
     return r;
 }
-inline V16 vload_q(const uint8_t* lo, int ls, const uint8_t* hi, int hs, int hm) {
+inline V16 vload_q(const uint8_t* lo, int ls, const uint8_t* hi, int hs, int hm, int bias = 0) {
     V16 r;
     for (int i = 0; i < 16; i++) {
         const int top = hm != 0 ? ((hi[i] >> hs) & hm) << 4 : 0;
-        r.f[i] = (float)(((lo[i] >> ls) & 15) | top);
+        r.f[i] = (float)((((lo[i] >> ls) & 15) | top) - bias);
     }
     return r;
 }
