@@ -13,7 +13,8 @@
 - :mod:`.lean_model` and :mod:`.tokenizer`: a checkpoint the lean forward serves, loaded
   without building a transformers model.
 - :mod:`.products`: weight-major matrix products; :mod:`.static_graph`: CUDA graphs.
-- :mod:`.models`: loading a model by name or path; :mod:`.weights`: how its matrices are
+- :mod:`.models`: loading a model by name or path (:mod:`.gguf_models`: GGUF files as
+  models, by alias or path); :mod:`.weights`: how its matrices are
   stored (``--weights``); :mod:`.blocks`, :mod:`.block_formats` and :mod:`.gguf_file`:
   weights kept as GGUF's quantized blocks, and reading GGUF files; :mod:`.tiny`: small
   random models for tests.
