@@ -94,9 +94,8 @@ struct Q4_1Rows : Blocks<Q4_1Rows> {  // half d, half m, 16 bytes of nibbles q: 
     static constexpr int N = 32, V = 2;
     static constexpr int64_t BYTES = 20;
     static void decode(const uint8_t* blk, V16* w) {
-        uint16_t h[2];
-        memcpy(h, blk, 4);
-        const V16 d = vset1(half_to_float(h[0])), m = vset1(half_to_float(h[1]));
+        V16 d, m;
+        vset1_halves(blk, &d, &m);
         // d * q is exact: one rounding, as d * q + m
         vload_u4_map(blk + 4, [&](V16 q) { return vfma(d, q, m); }, &w[0], &w[1]);
     }
@@ -137,11 +136,10 @@ struct Q5_1Rows : Blocks<Q5_1Rows> {  // half d, half m, 32 high bits, 16 bytes:
     static constexpr int N = 32, V = 2;
     static constexpr int64_t BYTES = 24;
     static void decode(const uint8_t* blk, V16* w) {
-        uint16_t h[2];
         uint32_t qh;
-        memcpy(h, blk, 4);
         memcpy(&qh, blk + 4, 4);
-        const V16 d = vset1(half_to_float(h[0])), m = vset1(half_to_float(h[1]));
+        V16 d, m;
+        vset1_halves(blk, &d, &m);
         // d * q exact (a table lookup measured 6% slower here than converting each value)
         w[0] = vfma(d, vload_q_bits(blk + 8, 0, qh & 0xFFFFu), m);
         w[1] = vfma(d, vload_q_bits(blk + 8, 4, qh >> 16), m);
