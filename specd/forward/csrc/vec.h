@@ -65,6 +65,29 @@ inline float half_to_float(uint16_t h) {
 #endif
 }
 
+#if defined(SPECD_ISA_AVX512) || defined(SPECD_ISA_AVX2)
+// What both x86-64 builds share, in 128-bit registers.
+// The two halves at p as floats, into out[0] and out[1] (one conversion).
+inline void halves_to(const uint8_t* p, float* out) {
+    int32_t bits;
+    memcpy(&bits, p, 4);
+    _mm_storel_pi((__m64*)out, _mm_cvtph_ps(_mm_cvtsi32_si128(bits)));
+}
+// 16 small unsigned integers packed in bytes: value i is (lo[i] >> ls) & 15, plus
+// ((hi[i] >> hs) & hm) << 4 where hm is not 0 (GGUF's 4-, 5- and 6-bit values; a shift
+// may vary at run time), put together in bytes (16-bit shifts: a byte's bits that cross
+// into its neighbour are masked off) for vload_q to widen once.
+inline __m128i q_bytes(const uint8_t* lo, int ls, const uint8_t* hi, int hs, int hm) {
+    __m128i q = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i*)lo), _mm_cvtsi32_si128(ls)),
+                              _mm_set1_epi8(15));
+    if (hm != 0) {
+        const __m128i h = _mm_srl_epi16(_mm_loadu_si128((const __m128i*)hi), _mm_cvtsi32_si128(hs));
+        q = _mm_or_si128(q, _mm_slli_epi16(_mm_and_si128(h, _mm_set1_epi8((char)hm)), 4));
+    }
+    return q;
+}
+#endif
+
 #if defined(SPECD_ISA_AVX512)
 
 constexpr const char* ISA = "avx512";
@@ -100,11 +123,6 @@ inline void prefetch(const void* p) { _mm_prefetch((const char*)p, _MM_HINT_T0);
 // converted together, then broadcast from memory, a load, where a broadcast from a register
 // takes the shuffle unit the block lookups need (products of those 1.06-1.16x faster on this
 // build and AVX2's; a block of one scale gained nothing, and keeps vset1).
-inline void halves_to(const uint8_t* p, float* out) {
-    int32_t bits;
-    memcpy(&bits, p, 4);
-    _mm_storel_pi((__m64*)out, _mm_cvtph_ps(_mm_cvtsi32_si128(bits)));
-}
 inline V16 vbroadcast(const float* p) {
     __m512 r;
     __asm__("vbroadcastss %1, %0" : "=v"(r) : "m"(*p));
@@ -183,21 +201,8 @@ inline V16 vload_bf16(const uint16_t* p) {
     const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p));
     return {_mm512_castsi512_ps(_mm512_slli_epi32(w, 16))};
 }
-// 16 small unsigned integers packed in bytes, as floats: value i is (lo[i] >> ls) & 15, plus
-// ((hi[i] >> hs) & hm) << 4 where hm is not 0 (GGUF's 4-, 5- and 6-bit values; a shift
-// may vary at run time). The bits are put together in bytes (16-bit shifts: a byte's bits
-// that cross into its neighbour are masked off), then widened once.
-inline __m128i q_bytes(const uint8_t* lo, int ls, const uint8_t* hi, int hs, int hm) {
-    __m128i q = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i*)lo), _mm_cvtsi32_si128(ls)),
-                              _mm_set1_epi8(15));
-    if (hm != 0) {
-        const __m128i h = _mm_srl_epi16(_mm_loadu_si128((const __m128i*)hi), _mm_cvtsi32_si128(hs));
-        q = _mm_or_si128(q, _mm_slli_epi16(_mm_and_si128(h, _mm_set1_epi8((char)hm)), 4));
-    }
-    return q;
-}
-// vload_q: those 16 values as floats, less `bias` where it is not 0 (subtracted in the bytes,
-// the results read as signed: Q6_K's q - 32).
+// q_bytes' 16 values as floats, less `bias` where it is not 0 (subtracted in the bytes, the
+// results read as signed: Q6_K's q - 32).
 inline V16 vload_q(const uint8_t* lo, int ls, const uint8_t* hi, int hs, int hm, int bias = 0) {
     const __m128i q = q_bytes(lo, ls, hi, hs, hm);
     if (bias != 0)
@@ -291,11 +296,6 @@ inline void vstore_n(float* p, V16 a, int64_t n) {
 }
 inline void prefetch(const void* p) { _mm_prefetch((const char*)p, _MM_HINT_T0); }
 // As AVX-512's: half scales converted together, broadcast from memory.
-inline void halves_to(const uint8_t* p, float* out) {
-    int32_t bits;
-    memcpy(&bits, p, 4);
-    _mm_storel_pi((__m64*)out, _mm_cvtph_ps(_mm_cvtsi32_si128(bits)));
-}
 inline V16 vbroadcast(const float* p) {
     __m256 r;
     __asm__("vbroadcastss %1, %0" : "=x"(r) : "m"(*p));
@@ -366,16 +366,6 @@ inline V16 vload_bf16(const uint16_t* p) {
     const __m256i a = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p));
     const __m256i b = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(p + 8)));
     return {_mm256_castsi256_ps(_mm256_slli_epi32(a, 16)), _mm256_castsi256_ps(_mm256_slli_epi32(b, 16))};
-}
-// As AVX-512's: the bits put together in bytes, then widened once.
-inline __m128i q_bytes(const uint8_t* lo, int ls, const uint8_t* hi, int hs, int hm) {
-    __m128i q = _mm_and_si128(_mm_srl_epi16(_mm_loadu_si128((const __m128i*)lo), _mm_cvtsi32_si128(ls)),
-                              _mm_set1_epi8(15));
-    if (hm != 0) {
-        const __m128i h = _mm_srl_epi16(_mm_loadu_si128((const __m128i*)hi), _mm_cvtsi32_si128(hs));
-        q = _mm_or_si128(q, _mm_slli_epi16(_mm_and_si128(h, _mm_set1_epi8((char)hm)), 4));
-    }
-    return q;
 }
 inline V16 u8x16(__m128i b) {
     return {_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)))};
