@@ -283,8 +283,9 @@ template <class F>
 inline void rows_of(const uint8_t* W, int64_t K, const float* x, int64_t ldx, int64_t T,
                     int64_t r0, int64_t r1, float* y, int64_t ldy) {
     int64_t r = r0;
-    for (; r + STEP_ROWS <= r1; r += STEP_ROWS)
-        block_tokens<F, STEP_ROWS>(W, K, x, ldx, T, r, y, ldy);
+    constexpr int R = F::GROUP > 1 ? K_QUANT_ROWS : STEP_ROWS;
+    for (; r + R <= r1; r += R)
+        block_tokens<F, R>(W, K, x, ldx, T, r, y, ldy);
     for (; r < r1; r++) block_tokens<F, 1>(W, K, x, ldx, T, r, y, ldy);
 }
 
