@@ -13,6 +13,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as GT
 from gguf import quants
+from test_decode_step import k_quant
 
 from specd.errors import ModelNotFoundError
 from specd.forward.blocks import BlockWeight, UnsupportedGGUFError, quantize, read_gguf
@@ -259,17 +260,6 @@ def test_unsupported_block_types_are_named(tmp_path):
     assert "Q4_K, Q5_K, Q6_K" in str(e.value)  # what it does read
 
 
-def k_quant_blocks(kind: GT, rows: int, cols: int, seed: int) -> np.ndarray:
-    """Random K-quant super-blocks (nothing here makes them from values) with moderate,
-    finite fp16 scales: ``[rows, cols / 256 * bytes]`` uint8, as a file stores them."""
-    per, size = quants.GGML_QUANT_SIZES[kind]
-    g = np.random.default_rng(seed)
-    data = g.integers(0, 256, (rows, cols // per, size), dtype=np.uint8)
-    for off in (208,) if kind == GT.Q6_K else (0, 2):
-        data[..., off + 1] = 0x10 | (data[..., off + 1] & 0x83)  # |value| ~ 2^-11
-    return data.reshape(rows, -1)
-
-
 def test_k_quant_matrices_come_back_as_their_blocks(tmp_path):
     """A Q4_K_M-like file (llama.cpp's mix: Q4_K, Q5_K, Q6_K, and Q5_0/Q5_1/Q8_0 where a
     row is no whole super-block) reads as blocks of each type, decoding as gguf-py does."""
@@ -284,7 +274,8 @@ def test_k_quant_matrices_come_back_as_their_blocks(tmp_path):
     )
     extra = {}
     for part, kind in (("ffn_gate_k", GT.Q4_K), ("ffn_up_k", GT.Q5_K), ("ffn_down_k", GT.Q6_K)):
-        extra[f"blk.0.{part}.weight"] = (k_quant_blocks(kind, 3, 512, seed=kind.value), kind)
+        data = k_quant((3, 512), kind.name.lower(), seed=kind.value).data.numpy()
+        extra[f"blk.0.{part}.weight"] = (data, kind)
     path = write(tmp_path / "kq.gguf", tensors)
     got, _ = read_gguf(path)
     for hf in ("model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight"):

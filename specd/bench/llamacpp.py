@@ -64,9 +64,9 @@ def model_file(model: str) -> Path | None:
 
 def unavailable(model: str) -> str | None:
     """Why the llama.cpp configurations cannot run on ``model`` (None: they can)."""
-    from ..forward.models import ALIASES
+    from ..forward.models import is_gguf
 
-    if model not in ALIASES and not model.lower().endswith(".gguf"):
+    if not is_gguf(model):
         return f"llama.cpp runs GGUF files; {model} is not one"
     return import_error()
 

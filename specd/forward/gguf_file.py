@@ -34,12 +34,11 @@ ARCHITECTURES = {"llama": True, "qwen2": False}
 
 # GGML type id -> (values per block, bytes per block, block format or None for F32/F16)
 _F32, _F16 = 0, 1
+_BLOCKS = {2: Q4_0, 3: Q4_1, 6: Q5_0, 7: Q5_1, 8: Q8_0, 12: Q4_K, 13: Q5_K, 14: Q6_K}
 _TYPES: dict[int, tuple[int, int, Format | None]] = {
     _F32: (1, 4, None),
     _F16: (1, 2, None),
-    **{kind: (f.values, f.block_bytes, f) for kind, f in ((2, Q4_0), (3, Q4_1), (6, Q5_0))},
-    **{kind: (f.values, f.block_bytes, f) for kind, f in ((7, Q5_1), (8, Q8_0), (12, Q4_K))},
-    **{kind: (f.values, f.block_bytes, f) for kind, f in ((13, Q5_K), (14, Q6_K))},
+    **{kind: (f.values, f.block_bytes, f) for kind, f in _BLOCKS.items()},
     30: (1, 2, BF16),
 }
 # GGUF metadata value types: struct format of the scalar ones; 8 string, 9 array

@@ -58,14 +58,19 @@ def gguf_path(source: GGUFSource) -> Path:
     )
 
 
+def is_gguf(model: str) -> bool:
+    """Whether ``model`` names a GGUF file: an alias of one, or a ``.gguf`` path."""
+    return model in ALIASES or Path(model).suffix.lower() == ".gguf"
+
+
 def gguf_file(model: str) -> Path | None:
     """The GGUF file ``model`` names: an alias's (in its installed wheel) or a path to a
     ``.gguf`` file (ModelNotFoundError where there is none); None for any other model."""
     if model in ALIASES:
         return gguf_path(ALIASES[model])
-    path = Path(model).expanduser()
-    if path.suffix.lower() != ".gguf":
+    if not is_gguf(model):
         return None
+    path = Path(model).expanduser()
     if not path.is_file():
         raise ModelNotFoundError(f"{path}: no such GGUF file")
     return path.resolve()
@@ -74,7 +79,7 @@ def gguf_file(model: str) -> Path | None:
 def alias_of(model: str) -> str:
     """``model``, or the alias whose file it names (a path to the default model's GGUF file
     is the default model: its converted copy, its shipped EAGLE head)."""
-    if model in ALIASES or Path(model).suffix.lower() != ".gguf":
+    if model in ALIASES or not is_gguf(model):
         return model
     path = Path(model).expanduser().resolve()
     for alias, source in ALIASES.items():

@@ -31,6 +31,7 @@ from .gguf_models import (  # re-exported: where models are found
     converted_gguf,
     gguf_file,
     gguf_path,  # noqa: F401
+    is_gguf,
 )
 
 if TYPE_CHECKING:
@@ -205,8 +206,7 @@ def load(
     device = parse_device(device) if device else default_device()
     torch_dtype = parse_dtype(dtype or default_dtype(device))
     no_lean = _no_lean_forward(lean, device)
-    is_gguf = model in ALIASES or Path(model).suffix.lower() == ".gguf"
-    choice = storage(model, weights, no_lean, torch_dtype, gguf=is_gguf)
+    choice = storage(model, weights, no_lean, torch_dtype, gguf=is_gguf(model))
     where = Path(resolve(model, weights=choice != "native"))
     if not trust_remote_code:
         _refuse_remote_code(where)
