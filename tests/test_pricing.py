@@ -250,6 +250,21 @@ def test_a_drafter_slower_than_it_saves_is_asked_rarely():
     assert slow.stats.drafted <= fast.stats.drafted / 2
 
 
+def test_a_changed_kernel_prices_its_passes_anew(monkeypatch):
+    """Guards against a table priced with one build of the step kernel read back for
+    another: a faster one-token step makes every wider pass dearer relative to it, and the
+    policy would draft as deep as the old kernel paid for, for up to a week."""
+    from specd.forward import cpu_kernels
+
+    target = tiny_target(40, num_layers=1, seed=2)
+    monkeypatch.setattr(cpu_kernels, "isa", lambda: "avx512")
+    monkeypatch.setattr(cpu_kernels, "library_file", lambda: "specd_kernels-avx512-aaaa.so")
+    before = pricing.key(target, "kernel")
+    monkeypatch.setattr(cpu_kernels, "library_file", lambda: "specd_kernels-avx512-bbbb.so")
+    assert pricing.key(target, "kernel") != before
+    assert pricing.key(target, "eager") == pricing.key(target, "eager")
+
+
 def test_a_remembered_value_is_computed_once_per_model(monkeypatch, tmp_path):
     """Guards against a value kept for one model served for another (the EAGLE head's
     weights hash, which decides whether a head fits the target), and against one computed

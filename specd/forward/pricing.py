@@ -141,7 +141,8 @@ def _no_sync() -> None:
 
 def key(target: Any, serving: str) -> dict:
     """What a saved table must match: ``target``'s model and shape, the backend that serves
-    its passes, the threads, the kernel's instruction set and the CPU."""
+    its passes, the threads, the kernel's build (its instruction set, and its library, whose
+    name hashes its sources: a changed kernel prices its passes anew) and the CPU."""
     from . import cpu_kernels
 
     p = next(iter(target.model.parameters()), None)
@@ -150,6 +151,7 @@ def key(target: Any, serving: str) -> dict:
         "dtype": str(p.dtype) if p is not None else "", "device": str(target.device),
         "backend": serving, "threads": torch.get_num_threads(),
         "isa": cpu_kernels.isa() if serving == "kernel" else "",
+        "library": cpu_kernels.library_file() if serving == "kernel" else "",
         "cpu": _cpu_name(), "torch": torch.__version__,
     }  # fmt: skip
 

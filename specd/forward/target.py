@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from ..errors import BadInputError
 from ..kvcache import KVCache
-from . import architectures, blocks, cpu_kernels, early_layers, lean_model, pricing, products
+from . import architectures, blocks, early_layers, lean_model, pricing, products
 from .blocks import BlockWeight
 from .compiled import CompiledStep, KernelStep, choose
 from .fastpath import FastDecoder
@@ -188,8 +188,7 @@ class Target:
                 return None
             if isinstance(chosen, KernelStep):
                 chosen.verdict = {
-                    **pricing.key(self, "kernel"),
-                    "library": cpu_kernels.library_file(),
+                    **pricing.key(self, "kernel"),  # the kernel's library among them
                     "weights": pricing.fingerprint(self.fast),
                 }
             self.compiled = CompiledStep(self.fast, chosen)
