@@ -42,22 +42,21 @@ class TargetSpec:
     weights: str = "auto"
 
     def load(self):
-        from ..forward import weights as stored
-        from ..forward.models import load_target, parse_dtype
+        """The target as ``Engine.load`` serves it: its step compiled, its verify passes
+        priced for the exit policy (a bench whose policy went unpriced would time drafts the
+        engine never makes)."""
+        from ..forward.models import serving_target
 
-        target = load_target(
+        return serving_target(
             self.model,
             dtype=self.dtype,
             device=self.device,
             trust_remote_code=self.trust_remote_code,
+            compile=self.compile,
+            prefill_dtype=self.prefill_dtype,
+            packed_weights=self.packed_weights,
             weights=self.weights,
         )
-        prefill = parse_dtype(self.prefill_dtype) if self.prefill_dtype else None
-        stored.check_serving(target.model, prefill, self.packed_weights)
-        target.set_prefill_dtype(prefill)
-        target.pack_weights(self.packed_weights)
-        target.compile(self.compile)
-        return target
 
     def load_draft(self, draft_model: str, target):
         """The draft model for ``hf-assisted``: ``target`` (the served model itself),

@@ -69,3 +69,11 @@ def test_a_failing_configuration_is_left_out_with_its_reason(tiny, prompts):
     assert "specd-ngram-fixed-k4+no_such_option=1" not in names
     (skip,) = [s for s in rep["skipped"] if s["config"].endswith("no_such_option=1")]
     assert "no_such_option" in skip["reason"]
+
+
+def test_the_bench_prices_passes_as_the_engine_does(tiny_spec):
+    """Guards against a bench whose exit policy goes unpriced: the adaptive policy then
+    drafts its whole budget whatever a wide pass costs on this host, and the bench times
+    drafts that `specd generate` and the daemon never make."""
+    target = tiny_spec.load()
+    assert target.pass_costs is not None and target.pass_costs(1) == 1.0
