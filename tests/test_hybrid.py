@@ -6,7 +6,8 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from specd.plugins.eagle.hybrid import HybridDrafter, merge
+from specd.plugins.eagle import hybrid as hybrid_module
+from specd.plugins.eagle.hybrid import PROBE_EVERY, HybridDrafter, Record, merge
 
 from specd import (
     BadInputError,
@@ -44,6 +45,7 @@ class Fixed(Drafter):
 def hybrid(*drafts: Draft | None, min_len: int = 2) -> tuple[HybridDrafter, list[Fixed]]:
     h = HybridDrafter(drafters="ngram", min_len=min_len)
     h.parts = [Fixed(d) for d in drafts]
+    h.records = [Record() for _ in h.parts]
     return h, h.parts  # type: ignore[return-value]
 
 
@@ -72,6 +74,82 @@ def test_a_sampled_draft_is_used_alone():
     h, _ = hybrid(Draft.chain([5]), Draft.chain([7, 8], q=q))
     draft = h.propose(ctx(), 4)
     assert draft.tokens == [7, 8] and draft.q is not None
+
+
+class Clock:
+    """The drafter's clock, moved by hand: a step of the target takes ``step`` seconds and a
+    part's proposal what its ``cost`` says."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Priced:
+    """A target with pass prices only: a pass of n tokens costs 1 + 0.4 (n - 1) steps."""
+
+    def pass_cost(self, n: int) -> float:
+        return 1.0 + 0.4 * (n - 1)
+
+
+class Slow(Fixed):
+    def __init__(self, draft: Draft, clock: Clock, seconds: float) -> None:
+        super().__init__(draft)
+        self.clock, self.seconds = clock, seconds
+
+    def propose(self, ctx, budget):
+        self.clock.now += self.seconds
+        return super().propose(ctx, budget)
+
+
+def steps(monkeypatch, h: HybridDrafter, accepted: int, n: int, clock: Clock) -> None:
+    """``n`` steps of 10 s each, ``accepted`` draft tokens accepted each time."""
+    monkeypatch.setattr(hybrid_module, "clock", clock)
+    c = ctx()
+    c.target = Priced()  # type: ignore[assignment]
+    h.start(c)
+    for _ in range(n):
+        h.propose(c, 4)
+        clock.now += 10.0 * Priced().pass_cost(1 + 2)  # the pass over the pending token and 2 nodes
+        h.commit(c, [1] * (accepted + 1), accepted)
+
+
+def test_a_later_part_whose_drafts_do_not_pay_is_asked_only_to_probe(monkeypatch):
+    """The exit policy prices hybrid as one drafter: a head whose drafts do not pay here
+    would make it pause the n-gram drafts too. Guards against asking a part whose accepted
+    tokens do not outweigh the pass width its nodes add."""
+    h, (first, second) = hybrid(None, Draft.chain([9, 9]))
+    steps(monkeypatch, h, 0, 3 * (PROBE_EVERY + 1), Clock())
+    assert len(second.budgets) == 3  # the first step, then a probe every PROBE_EVERY + 1
+    assert len(first.budgets) == 3 * (PROBE_EVERY + 1)  # the first part is always asked
+    h, (_, second) = hybrid(None, Draft.chain([9, 9]))
+    steps(monkeypatch, h, 2, 3 * (PROBE_EVERY + 1), Clock())  # accepted whole: 2 > 0.8
+    assert len(second.budgets) == 3 * (PROBE_EVERY + 1)
+
+
+def test_a_later_part_pays_for_its_own_time_too(monkeypatch):
+    """Guards against pricing a part by the pass alone: accepted whole (2 tokens for 0.8
+    steps of wider pass), a part that takes 3 steps' time to draft still does not pay."""
+    clock = Clock()
+    h, _ = hybrid(None, Draft.chain([9, 9]))
+    h.parts[1] = second = Slow(Draft.chain([9, 9]), clock, 30.0)
+    steps(monkeypatch, h, 2, 2 * (PROBE_EVERY + 1), clock)
+    assert len(second.budgets) == 2
+    clock = Clock()
+    h, _ = hybrid(None, Draft.chain([9, 9]))
+    h.parts[1] = second = Slow(Draft.chain([9, 9]), clock, 5.0)  # half a step: pays
+    steps(monkeypatch, h, 2, 2 * (PROBE_EVERY + 1), clock)
+    assert len(second.budgets) == 2 * (PROBE_EVERY + 1)
+
+
+def test_a_part_is_credited_only_the_accepted_tokens_past_the_parts_before_it(monkeypatch):
+    """Guards against crediting a later part with what the first part's node won: the first
+    part's one token accepted, the later part's nodes after it rejected."""
+    h, (_, second) = hybrid(Draft.chain([5]), Draft.chain([7, 8]))
+    steps(monkeypatch, h, 1, 2 * (PROBE_EVERY + 1), Clock())
+    assert len(second.budgets) == 2
 
 
 def test_merge_shares_equal_paths_and_keeps_siblings_distinct():

@@ -16,11 +16,20 @@ guess) leaves the step to the parts after it.
 A part that cannot draft for the target (its ``start`` raises :class:`DrafterUnavailable`,
 e.g. ``eagle`` for a model with no head) is dropped for good, the reason logged once, and
 the rest draft as if named alone: ``hybrid`` on a model without a head drafts as ``ngram``.
+
+A part after the first is asked only while it pays on this host: the draft tokens of its
+that were accepted, per call, must outweigh what its nodes add to the verify pass (the
+target's pass prices, ``Target.pass_cost``) and its own time in target steps (timed here,
+against the time of the steps between two proposals). The exit policy prices ``hybrid`` as
+one drafter, so a head whose drafts do not pay would otherwise make it pause the n-gram
+drafts too. A part priced out is still asked every :data:`PROBE_EVERY` steps, so that it
+comes back where it starts to pay.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -30,6 +39,31 @@ log = logging.getLogger("specd.plugins")
 
 #: Options of parts that differ from the part's own defaults inside ``hybrid``.
 PART_DEFAULTS: dict[str, dict[str, Any]] = {"ngram": {"min_n": 2}}
+#: A part priced out is asked again after this many steps without it.
+PROBE_EVERY = 8
+#: The weight of the latest call in a part's record and of the latest step in the step time.
+EMA = 0.3
+#: Seconds, for timing parts and steps (tests set a clock of their own).
+clock = time.perf_counter
+
+
+class Record:
+    """What a part after the first has been worth lately, per call: draft tokens of its
+    accepted, nodes it drafted, seconds it took (averages following the recent calls)."""
+
+    def __init__(self) -> None:
+        self.tokens: float | None = None  # None: never asked yet
+        self.nodes = 0.0
+        self.seconds = 0.0
+        self.skipped = 0  # steps it was priced out since it was last asked
+
+    def add(self, tokens: float, nodes: int, seconds: float) -> None:
+        if self.tokens is None:
+            self.tokens, self.nodes, self.seconds = tokens, float(nodes), seconds
+            return
+        self.tokens += EMA * (tokens - self.tokens)
+        self.nodes += EMA * (nodes - self.nodes)
+        self.seconds += EMA * (seconds - self.seconds)
 
 
 class HybridDrafter(Drafter):
@@ -65,6 +99,11 @@ class HybridDrafter(Drafter):
     def _build(self, names: list[str]) -> None:
         """(Re)build the parts ``names``, in this order, with their options."""
         self.names = names
+        self.records = [Record() for _ in names]  # the first part's is never read
+        self._step_s: float | None = None  # a one-token target step's recent seconds
+        self._last: tuple[float, float, int] | None = None  # start, seconds, nodes of a proposal
+        self._asked: list[tuple[int, int, float]] = []  # the last proposal's parts: i, nodes, s
+        self._commits = 0
         last = len(names) - 1
         self.parts = [
             make_drafter(n, self._options(n, i == last) or None) for i, n in enumerate(names)
@@ -85,6 +124,7 @@ class HybridDrafter(Drafter):
         return opts | given
 
     def start(self, ctx: DraftContext) -> None:
+        self._last, self._asked, self._commits = None, [], 0  # the records outlast requests
         hidden = ctx.hidden
         i = 0
         while i < len(self.parts):
@@ -105,23 +145,75 @@ class HybridDrafter(Drafter):
     def propose(self, ctx: DraftContext, budget: int) -> Draft | None:
         if len(self.parts) == 1:
             return self.parts[0].propose(ctx, budget)
+        start = clock()
+        self._time_step(ctx, start)
         drafts: list[Draft] = []
+        self._asked = []
         left = budget
-        for part in self.parts:
+        for i, part in enumerate(self.parts):
             if left <= 0:
                 break
+            if i > 0 and not self._pays(ctx, i, budget - left):
+                continue
+            t = clock()
             draft = part.propose(ctx, left)
-            if draft is None or len(draft) == 0:
+            nodes = 0 if draft is None else len(draft)
+            self._asked.append((i, nodes, clock() - t))
+            if draft is None or nodes == 0:
                 continue
             if not draft.deterministic:
+                self._asked = []  # used alone, priced by the exit policy alone
                 return draft  # the parts asked before it drafted too little
             drafts.append(draft)
-            left -= len(draft)
-            if len(draft) >= self.min_len:
+            left -= nodes
+            if nodes >= self.min_len:
                 break
-        return merge(drafts, budget) if drafts else None
+        out = merge(drafts, budget) if drafts else None
+        self._last = (start, clock() - start, 0 if out is None else len(out))
+        return out
+
+    def _time_step(self, ctx: DraftContext, now: float) -> None:
+        """The seconds of the target step between the last proposal and this one, over
+        that pass's price: one step's time (only where one step came between them)."""
+        last, commits = self._last, self._commits
+        self._commits = 0
+        if last is None or commits != 1 or ctx.target is None:
+            return
+        start, drafting, nodes = last
+        step = (now - start - drafting) / ctx.target.pass_cost(1 + nodes)
+        if step > 0:
+            self._step_s = (
+                step if self._step_s is None else self._step_s + EMA * (step - self._step_s)
+            )
+
+    def _pays(self, ctx: DraftContext, i: int, nodes_before: int) -> bool:
+        """Whether part ``i`` is worth asking after ``nodes_before`` nodes drafted: the tokens
+        of its accepted per call against the pass width its nodes add and its own time, in
+        one-token steps (asked where never asked, or once every :data:`PROBE_EVERY` steps)."""
+        rec = self.records[i]
+        if rec.tokens is None or ctx.target is None:
+            return True
+        cost = ctx.target.pass_cost(1 + nodes_before + round(rec.nodes)) - ctx.target.pass_cost(
+            1 + nodes_before
+        )
+        if self._step_s:
+            cost += rec.seconds / self._step_s
+        if rec.tokens >= cost or rec.skipped >= PROBE_EVERY:
+            rec.skipped = 0
+            return True
+        rec.skipped += 1
+        return False
 
     def commit(self, ctx: DraftContext, new_tokens: Sequence[int], accepted: int) -> None:
+        self._commits += 1
+        # the accepted draft tokens past the nodes of the parts asked before each part:
+        # merged in the order asked, a part's nodes follow theirs
+        before = 0
+        for i, nodes, seconds in self._asked:
+            if i > 0:
+                self.records[i].add(max(0, min(accepted - before, nodes)), nodes, seconds)
+            before += nodes
+        self._asked = []
         hidden = ctx.hidden
         for part in self.parts:
             ctx.hidden = hidden
