@@ -17,10 +17,10 @@ A part that cannot draft for the target (its ``start`` raises :class:`DrafterUna
 e.g. ``eagle`` for a model with no head) is dropped for good, the reason logged once, and
 the rest draft as if named alone: ``hybrid`` on a model without a head drafts as ``ngram``.
 
-A part after the first is asked only while it pays on this host: the draft tokens of its
-that were accepted, per call, must outweigh what its nodes add to the verify pass (the
-target's pass prices, ``Target.pass_cost``) and its own time in target steps (timed here,
-against the time of the steps between two proposals). The exit policy prices ``hybrid`` as
+A part after the first is asked only while it pays on this host: its accepted draft tokens
+per call must outweigh what its nodes add to the verify pass (the target's pass prices,
+``Target.pass_cost``) and its own time in target steps (timed here, against the time of the
+steps between two proposals). The exit policy prices ``hybrid`` as
 one drafter, so a head whose drafts do not pay would otherwise make it pause the n-gram
 drafts too. A part priced out is still asked every :data:`PROBE_EVERY` steps, so that it
 comes back where it starts to pay.
@@ -48,8 +48,8 @@ clock = time.perf_counter
 
 
 class Record:
-    """What a part after the first has been worth lately, per call: draft tokens of its
-    accepted, nodes it drafted, seconds it took (averages following the recent calls)."""
+    """What a part after the first has been worth lately, per call: its accepted draft
+    tokens, the nodes it drafted, the seconds it took (averages following the recent calls)."""
 
     def __init__(self) -> None:
         self.tokens: float | None = None  # None: never asked yet
@@ -187,9 +187,10 @@ class HybridDrafter(Drafter):
             )
 
     def _pays(self, ctx: DraftContext, i: int, nodes_before: int) -> bool:
-        """Whether part ``i`` is worth asking after ``nodes_before`` nodes drafted: the tokens
-        of its accepted per call against the pass width its nodes add and its own time, in
-        one-token steps (asked where never asked, or once every :data:`PROBE_EVERY` steps)."""
+        """Whether part ``i`` is worth asking after ``nodes_before`` nodes drafted: its
+        accepted draft tokens per call against the pass width its nodes add and its own time,
+        in one-token steps (asked where never asked, and after :data:`PROBE_EVERY` steps
+        without it)."""
         rec = self.records[i]
         if rec.tokens is None or ctx.target is None:
             return True
