@@ -247,7 +247,7 @@ constexpr int64_t PREFETCH_AHEAD = 4096;
 // EPYC, two threads over 270 MB of 612-byte rows: the linear stream reads 33 GB/s, as fast
 // as a sequential sum; a prefetch a row into the next block of rows 19 GB/s (the same in the
 // order the units are decoded, each line once), the hardware's prefetcher alone 17; the LM
-// head's Q8_0 product 1.7x faster, the one-token step 1.14x. The linear stream made the
+// head's Q8_0 product 1.7x faster, the one-token step 1.10-1.17x. The linear stream made the
 // float32 passes of 4 and 8 tokens 10-15% slower, and those keep the per-row prefetch. A
 // prefetch never faults, past the weight's end included.
 template <class F, int R>
