@@ -6,6 +6,9 @@
 #
 #   scripts/check_kernels.sh avx512|avx2|neon|scalar [tolerance]
 #
+# DOT=on or DOT=off builds with or without the int8 dot product's flags (AVX-512 VNNI,
+# AVX-VNNI, ARMv8.2's dot product) whatever this CPU has; by default, as the kernels build here.
+#
 # Exit codes: 0 within tolerance, 1 over it (or a failed build), 2 bad usage, 77 this host
 # cannot run that set (the reason is printed).
 set -euo pipefail
@@ -26,9 +29,12 @@ python=${PYTHON:-$root/.venv/bin/python}
 # The flags and the host's verdict from the code that builds the kernels, so the two agree.
 read -r runs flags < <(cd "$root" && "$python" - "$isa" <<'PY'
 import sys
-from specd.forward.kernel_build import ISA_FLAGS, runnable
+import os
+from specd.forward.kernel_build import DOT_FLAGS, ISA_FLAGS, isa_flags, runnable
 isa = sys.argv[1]
-print("yes" if isa in runnable() else "no", " ".join(ISA_FLAGS[isa]) or "-")
+dot = os.environ.get("DOT", "")  # on/off: with or without the int8 dot product's flags
+flags = {"off": ISA_FLAGS[isa], "on": ISA_FLAGS[isa] + DOT_FLAGS.get(isa, ("", ()))[1]}
+print("yes" if isa in runnable() else "no", " ".join(flags.get(dot, isa_flags(isa))) or "-")
 PY
 )
 [ "$flags" = "-" ] && flags=""

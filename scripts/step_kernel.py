@@ -5,22 +5,26 @@ build's passes over its one-token step.
 
     python scripts/step_kernel.py --threads 2 --context 1024
     python scripts/step_kernel.py --isa avx512,avx2 --widths 1,8
+    python scripts/step_kernel.py --products int8,float --widths 1,2,4,8
 
 The eager side runs as `specd bench --packed-weights on` runs it (prepacked weights for
 every pass); the kernel is the `kernel` compile backend (specd/forward/csrc/decode_step.cpp),
-built for each instruction set in turn (the builds this CPU runs: cpu_kernels.runnable_isas).
+built for each instruction set in turn (the builds this CPU runs: cpu_kernels.runnable_isas),
+and with its quantized products over woven weights with int8 activations (``int8``, the
+default) or over the blocks decoded to floats (``float``: ``SPECD_INT8_PRODUCTS=off``).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 
 import torch
 
 from specd import Engine, allocator
 from specd.bench import floor
-from specd.forward import cpu_kernels
+from specd.forward import cpu_kernels, decode_step
 
 
 def main() -> None:
@@ -29,6 +33,7 @@ def main() -> None:
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--widths", default="1,2,4,8,16")
     p.add_argument("--isa", default=None, help="builds to compare, e.g. avx512,avx2")
+    p.add_argument("--products", default="int8", help="int8, float, or both: int8,float")
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--repeats", type=int, default=6)
     p.add_argument("--threads", type=int, default=2)
@@ -48,14 +53,25 @@ def main() -> None:
             cpu_kernels.use(name)
         except (ValueError, RuntimeError) as e:
             raise SystemExit(f"--isa {name}: {e}") from None
+    modes = args.products.split(",")
+    if not set(modes) <= {"int8", "float"}:
+        raise SystemExit(f"--products: int8, float or both, not {args.products!r}")
+    kernels = {}
+    for mode in modes:  # the same weights, woven or not
+        os.environ["SPECD_INT8_PRODUCTS"] = "on" if mode == "int8" else "off"
+        assert target.fast is not None
+        kernels[mode] = decode_step.for_decoder(target.fast)
+    sides = [f"{isa}/{mode}" if len(modes) > 1 else isa for isa in isas for mode in modes]
     widths = [int(w) for w in args.widths.split(",")]
     prepared = floor.prepare(target, args.context)
     times: dict[tuple[int, str], list[float]] = {}
     for _ in range(args.rounds):
         for t in widths:
-            for side in (*isas, "eager"):
+            for side in (*sides, "eager"):
                 if side != "eager":
-                    cpu_kernels.use(side)
+                    isa, _, mode = side.partition("/")
+                    cpu_kernels.use(isa)
+                    step.chosen._kernel = kernels[mode or modes[0]]  # type: ignore[attr-defined]
                 runs = floor.decode_step_times(
                     target, args.context, args.repeats, prepared=prepared, tokens=t,
                     eager=side == "eager",
@@ -65,14 +81,14 @@ def main() -> None:
     print(f"{args.context} cached tokens, {args.threads} threads, medians of {args.rounds} rounds")
     print(
         "| tokens | "
-        + " | ".join(f"{k} ms | eager / {k} | {k} / its 1-token step" for k in isas)
+        + " | ".join(f"{k} ms | eager / {k} | {k} / its 1-token step" for k in sides)
         + " | eager ms |"
     )
-    print("|---:|" + "---:|---:|---:|" * len(isas) + "---:|")
+    print("|---:|" + "---:|---:|---:|" * len(sides) + "---:|")
     for t in widths:
         cells = [
             f"{ms[t, k]:.2f} | {ms[t, 'eager'] / ms[t, k]:.2f} | {ms[t, k] / ms[widths[0], k]:.2f}"
-            for k in isas
+            for k in sides
         ]
         print(f"| {t} | " + " | ".join(cells) + f" | {ms[t, 'eager']:.2f} |")
 

@@ -3,17 +3,21 @@
 For each ``--weights`` choice, against the float32 de-quantized copy (``f32``):
 
 - ``top1``: how often the choice's most likely next token is float32's, over every position
-  of the held-out windows (teacher-forced: both read the same text);
+  of the held-out windows (teacher-forced: both read the same text, in passes of the served
+  step, as decoding computes them: the step kernel's int8 products where they are on);
 - ``ppl``: perplexity of the held-out text;
 - ``greedy_identical``: how often a greedy completion of a HumanEval prompt is token for
   token float32's, and ``first_divergence``: the mean index of the first token that differs
   (the completion's length where none does).
 
+A choice with ``:float`` after it (``native:float``) is loaded with the step's int8 products
+off (``SPECD_INT8_PRODUCTS=off``): its blocks decoded to floats.
+
 Held-out text: windows of the Python standard library's own files, which no weight or head
 of specd was fitted to. Run it alone on the machine:
 
     python scripts/weights_quality.py --files 24 --window 512 --prompts 24 --tokens 48 \
-        --weights native,q8,q4 --json OUT.json
+        --weights native,native:float,q8,q4 --json OUT.json
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import platform
 import sys
 import time
@@ -48,7 +53,11 @@ def windows(target, files: int, window: int) -> list[list[int]]:
 
 @torch.inference_mode()
 def logits_of(target, ids: list[int]) -> torch.Tensor:
-    return target.forward(target.new_cache(capacity=len(ids) + 8), ids, eager=True).logits
+    """Teacher-forced logits of ``ids``, in passes of the served step (16 tokens)."""
+    cache = target.new_cache(capacity=len(ids) + 8)
+    return torch.cat(
+        [target.forward(cache, ids[s : s + 16]).logits for s in range(0, len(ids), 16)]
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,7 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = {"f32": _quality(ref_logits, ref_logits, texts, ref_out, ref_out)}
     del ref
     for choice in choices:
-        engine = Engine.load(models.DEFAULT_MODEL, weights=choice)
+        weights, _, products = choice.partition(":")
+        os.environ["SPECD_INT8_PRODUCTS"] = "off" if products == "float" else "on"
+        engine = Engine.load(models.DEFAULT_MODEL, weights=weights)
         got = [logits_of(engine.target, ids) for ids in texts]
         out = [engine.generate(p, params, drafter="none").token_ids for p in prompts]
         rows[choice] = _quality(got, ref_logits, texts, out, ref_out)

@@ -64,6 +64,23 @@ def real_engine():
     return Engine.load(dtype="float32", device="cpu")
 
 
+@pytest.fixture(scope="session")
+def real_engine_float():
+    """The default model with the step's int8 products off (``SPECD_INT8_PRODUCTS=off``): its
+    blocks decoded to floats, as transformers' float32 model computes them."""
+    from specd import Engine
+
+    before = os.environ.get("SPECD_INT8_PRODUCTS")
+    os.environ["SPECD_INT8_PRODUCTS"] = "off"
+    try:
+        return Engine.load(dtype="float32", device="cpu")
+    finally:
+        if before is None:
+            del os.environ["SPECD_INT8_PRODUCTS"]
+        else:
+            os.environ["SPECD_INT8_PRODUCTS"] = before
+
+
 @pytest.fixture
 def one_thread():
     """Torch on one thread for the test. Tiny models and one-token steps gain nothing from a

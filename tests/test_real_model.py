@@ -36,14 +36,17 @@ PROMPTS = [
 
 
 @pytest.mark.parametrize("prompt", PROMPTS, ids=["fib", "main", "repetitive", "stdlib"])
-def test_greedy_ngram_matches_plain_and_hf_generate(real_engine, prompt):
+def test_greedy_ngram_matches_plain_and_hf_generate(real_engine, real_engine_float, prompt):
+    """Greedy speculation emits plain decoding's tokens, as served (int8 products) and with
+    the blocks decoded to floats; the latter are transformers' own greedy tokens."""
     params = SamplingParams(max_tokens=40)
-    spec = real_engine.generate(prompt, params, drafter="ngram")
-    plain = real_engine.generate(prompt, params, drafter="none")
-    assert spec.token_ids == plain.token_ids
+    for engine in (real_engine, real_engine_float):
+        spec = engine.generate(prompt, params, drafter="ngram")
+        plain = engine.generate(prompt, params, drafter="none")
+        assert spec.token_ids == plain.token_ids
     ids = real_engine.tokenize(prompt)
     with torch.inference_mode():
-        out = real_engine.target.hf_model().generate(
+        out = real_engine_float.target.hf_model().generate(
             torch.tensor([ids]), max_new_tokens=40, do_sample=False
         )
     hf = out[0, len(ids) :].tolist()

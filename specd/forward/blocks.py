@@ -109,6 +109,8 @@ class BlockWeight:
         self.data = data
         self.fmt = fmt
         self._shape = torch.Size((rows, cols))
+        #: the step kernel's woven copy (:func:`.interleave.weave`), made on first use
+        self.woven: torch.Tensor | None = None
 
     @property
     def shape(self) -> torch.Size:

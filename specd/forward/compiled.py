@@ -37,7 +37,7 @@ from torch.fx.experimental import _config as fx_config
 
 from ..errors import BadInputError
 from ..kvcache import KVCache
-from . import decode_step, pricing
+from . import decode_step, pricing, step
 from .fastpath import FastDecoder
 from .static_graph import GraphStep
 from .step import MAX_TOKENS, Buffers, EagerStep, PassOut, StepBackend, check, fixed_pass, new_block
@@ -46,6 +46,11 @@ log = logging.getLogger(__name__)
 
 #: Cached tokens of the scratch run ``torch.compile`` compiles on.
 SCRATCH_CONTEXT = 512
+
+
+#: A chain longer than a backend's passes runs as several of them where it takes this many
+#: tokens or more (fewer: as one eager pass).
+PIECE_TOKENS = 8
 
 
 class KernelStep:
@@ -71,6 +76,13 @@ class KernelStep:
             self._kernel = decode_step.for_decoder(fast)
         except (ValueError, RuntimeError) as e:  # sizes, weights or a host it does not take
             self.off = str(e)
+
+    @property
+    def tolerance(self) -> float:
+        """How far its passes may be from the eager pass's (:func:`specd.forward.step.check`):
+        further where Q4 products round activations to int8."""
+        woven = self._kernel is not None and self._kernel.woven
+        return step.INT8_TOLERANCE if woven else step.TOLERANCE
 
     #: what a passed check is remembered under (:func:`.pricing.check_passed`); None: check
     #: at every load
@@ -345,11 +357,26 @@ class CompiledStep:
             pass the backend does not take (the caller runs it eager).
         """
         serving = self._serving
+        t, past = ids.shape[1], cache.length
+        # a chain longer than the backend's passes (a draft past its width): as passes it
+        # takes, so each token is computed as plain decoding's steps compute it
+        width = serving.max_tokens if mask is None and t > serving.max_tokens >= PIECE_TOKENS else t
+        outs: list[PassOut] = []
         try:
-            out = serving.run(cache, ids, position_ids, mask)
+            for s in range(0, t, width):
+                out = serving.run(
+                    cache, ids[:, s : s + width], position_ids[:, s : s + width], mask
+                )
+                if out is None:
+                    cache.crop(past)
+                    return None
+                outs.append(out)
         except Exception as e:  # a recompile refused, a cache it cannot take, ...
+            cache.crop(past)
             self._fail(f"{type(e).__name__}: {e}")
             return None
-        if out is not None and serving is self.chosen:
+        if serving is self.chosen:
             self.served += 1
-        return out
+        if len(outs) == 1:
+            return outs[0]
+        return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])

@@ -12,7 +12,7 @@ import weakref
 import torch
 
 from ..kvcache import KVCache
-from . import cpu_kernels
+from . import cpu_kernels, interleave
 from .blocks import BlockWeight
 from .fastpath import FastDecoder
 
@@ -71,6 +71,8 @@ class DecodeStep:
         }  # fmt: skip
         ptrs: list[int] = []
         formats: list[int] = []
+        #: how many of its matrices are woven (int8 products, :mod:`.interleave`)
+        self.woven = 0
         self._keep: list[Weight] = []
         for i, weights in enumerate(layers):
             for name, w in zip(LAYER_WEIGHTS, weights, strict=True):
@@ -79,14 +81,16 @@ class DecodeStep:
                     formats.append(0)
                     continue
                 blocks = name.startswith("w")  # a matrix; norms and biases are float32
-                ptrs.append(self._checked(f"layer {i} {name}", w, expected[name], blocks))
-                formats.append(_format(w) if w is not None else 0)  # None: refused above
+                self._checked(f"layer {i} {name}", w, expected[name], blocks)
+                ptr, code = self._storage(w)
+                ptrs.append(ptr)
+                formats.append(code)
         v = lm_head.shape[0]
         self._checked("embedding", embed, (embed.shape[0], hidden), blocks=True)
         self._embed_rows = embed
         self._norm = self._checked("final norm", norm, (hidden,))
-        self._lm = self._checked("LM head", lm_head, (v, hidden), blocks=True)
-        self._lm_format = _format(lm_head)
+        self._checked("LM head", lm_head, (v, hidden), blocks=True)
+        self._lm, self._lm_format = self._storage(lm_head)
         self._lm_b = self._checked("LM head bias", lm_bias, (v,)) if lm_bias is not None else 0
         self._table = torch.tensor(ptrs, dtype=torch.int64)
         self._formats = torch.tensor(formats, dtype=torch.int32)
@@ -112,6 +116,19 @@ class DecodeStep:
             raise ValueError(f"decode step kernel: {name} must be contiguous float32 on CPU")
         self._keep.append(w)
         return w.data_ptr()
+
+    def _storage(self, w: Weight | None) -> tuple[int, int]:
+        """Where the kernel reads ``w`` and the code of its storage: a Q4 or Q8 weight's woven
+        copy (:mod:`.interleave`) where the int8 products are on, else ``w`` as it is."""
+        if w is None:
+            return 0, 0
+        if isinstance(w, BlockWeight) and interleave.enabled():
+            woven, code = interleave.weave(w), interleave.code(w)
+            if woven is not None and code is not None:
+                self._keep.append(woven)
+                self.woven += 1
+                return woven.data_ptr(), code
+        return w.data_ptr(), _format(w)
 
     def __call__(
         self,

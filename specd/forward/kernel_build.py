@@ -30,7 +30,7 @@ log = logging.getLogger("specd.forward.cpu_kernels")
 CSRC = Path(__file__).with_name("csrc")
 #: The kernels' sources, built into one library; the header is part of the build's key.
 SOURCES = (CSRC / "attention.cpp", CSRC / "decode_step.cpp")
-HEADERS = (CSRC / "vec.h",)
+HEADERS = (CSRC / "vec.h", CSRC / "qdot.h")
 #: The instruction sets the kernels are built for, best first.
 ISAS = ("avx512", "avx2", "neon", "scalar")
 #: Each instruction set's compiler flags (NEON needs none on ARM64).
@@ -41,6 +41,13 @@ ISA_FLAGS = {
     "avx2": ("-mavx2", "-mfma", "-mf16c"),
     "neon": (),
     "scalar": (),
+}
+#: Flags added where this CPU has an int8 dot product (``csrc/qdot.h`` uses it): the
+#: feature's name in ``/proc/cpuinfo`` for each instruction set.
+DOT_FLAGS = {
+    "avx512": ("avx512_vnni", ("-mavx512vnni",)),
+    "avx2": ("avx_vnni", ("-mavxvnni",)),
+    "neon": ("asimddp", ("-march=armv8.2-a+dotprod",)),
 }
 # products and sums as written, never fused by the compiler (an exact decode is one rounding
 # where the source says so)
@@ -121,10 +128,30 @@ def compiler() -> str:
     return cxx
 
 
+def cpu_features() -> set[str]:
+    """The feature flags Linux lists for this CPU (``/proc/cpuinfo``); empty elsewhere."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() in ("flags", "Features"):
+            return set(value.split())
+    return set()
+
+
+def isa_flags(isa: str) -> tuple[str, ...]:
+    """``isa``'s compiler flags on this CPU: :data:`ISA_FLAGS`, and the int8 dot product's
+    (:data:`DOT_FLAGS`) where this CPU has it."""
+    feature, extra = DOT_FLAGS.get(isa, ("", ()))
+    return ISA_FLAGS[isa] + (extra if feature and feature in cpu_features() else ())
+
+
 def command(cxx: str, isa: str, out: str, sources: tuple[Path, ...] = SOURCES) -> list[str]:
     """The compiler's command line that builds ``sources`` for ``isa`` into ``out``."""
     define = f"-DSPECD_ISA_{isa.upper()}"
-    return [cxx, *FLAGS, *ISA_FLAGS[isa], define, *map(str, sources), "-o", out]
+    return [cxx, *FLAGS, *isa_flags(isa), define, *map(str, sources), "-o", out]
 
 
 def build(isa: str) -> Path:

@@ -142,8 +142,9 @@ def _no_sync() -> None:
 def key(target: Any, serving: str) -> dict:
     """What a saved table must match: ``target``'s model and shape, the backend that serves
     its passes, the threads, the kernel's build (its instruction set, and its library, whose
-    name hashes its sources: a changed kernel prices its passes anew) and the CPU."""
-    from . import cpu_kernels
+    name hashes its sources: a changed kernel prices its passes anew; whether its Q4 products
+    are int8's) and the CPU."""
+    from . import cpu_kernels, interleave
 
     p = next(iter(target.model.parameters()), None)
     return {
@@ -152,6 +153,7 @@ def key(target: Any, serving: str) -> dict:
         "backend": serving, "threads": torch.get_num_threads(),
         "isa": cpu_kernels.isa() if serving == "kernel" else "",
         "library": cpu_kernels.library_file() if serving == "kernel" else "",
+        "int8 products": serving == "kernel" and interleave.enabled(),
         "cpu": _cpu_name(), "torch": torch.__version__,
     }  # fmt: skip
 

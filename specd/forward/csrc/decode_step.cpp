@@ -20,15 +20,20 @@
 //   h += Wo o + bo; x = rmsnorm(h) * ln2; h += Wd (silu(Wg x) * (Wu x)); after the last
 //   layer, hidden = rmsnorm(h) * norm and logits = Wlm hidden + blm.
 // New token i sees the new token j when j <= i (a chain) or where the [T, T] mask says so
-// (a tree). Attention splits the positions between the threads (each keeps its own
-// running maximum, sum and output per token and head), and every thread merges the parts
-// after a barrier.
+// (a tree). Attention splits the positions into fixed chunks shared out between the threads
+// (each chunk keeps its own running maximum, sum and output per token and head), and every
+// thread merges the chunks' parts after a barrier. Each new token's arithmetic is its own:
+// a pass of T tokens computes token i's values bit for bit as a one-token step would.
 
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
 #include <string.h>
 
+#include <type_traits>
+#include <vector>
+
+#include "qdot.h"
 #include "vec.h"
 
 namespace {
@@ -50,7 +55,7 @@ constexpr int64_t MAX_T = 16;  // new tokens a step takes
 // decodes into floats exactly (the value a float32 copy of the weight holds), so a product
 // sums the same terms in the same order whatever the storage, and a quantized step equals
 // the float32 step on the de-quantized weights bit for bit.
-enum Format { F32 = 0, Q4_0 = 1, Q4_1 = 2, Q8_0 = 3, BF16 = 4, Q5_0 = 5, Q5_1 = 6, Q4_K = 7, Q5_K = 8, Q6_K = 9 };
+enum Format { F32 = 0, Q4_0 = 1, Q4_1 = 2, Q8_0 = 3, BF16 = 4, Q5_0 = 5, Q5_1 = 6, Q4_K = 7, Q5_K = 8, Q6_K = 9, Q4X16 = 10, Q8X16 = 11 };
 
 // A format of blocks of F::N values, F::BYTES each: unit b is block b; no header.
 template <class F>
@@ -262,6 +267,129 @@ inline void prefetch_ahead(const uint8_t* w, int64_t rb, int64_t b) {
     }
 }
 
+// Woven weights, for int8 products (specd/forward/interleave.py weaves them): rows 16 g ..
+// 16 g + 15 and values 32 b .. 32 b + 31 of a matrix together, at (g * K / 32 + b) * BYTES.
+// Q4X16 (Q4_0 or Q4_1 rows): qdot.h's 256 bytes of nibbles q, then the 16 rows' d and m as
+// halves; row l's value is d[l] * q + m[l] (a Q4_0 block's m is -8 d). Q8X16 (Q8_0 rows):
+// qdot.h's 512 bytes of q + 128, then the 16 d; row l's value is d[l] * q. A product
+// multiplies them with each token's activations rounded to int8, a scale a block of 32, as
+// llama.cpp's quantized products do: per block and row, (d * sum(q * xq)) * dx, plus m *
+// (the sum of the block's activations) for Q4X16. Each token's arithmetic is its own,
+// whatever the tokens beside it.
+struct WovenQ4 {
+    static constexpr int64_t BYTES = 320;
+    using U = U4x16;
+    static void load(const uint8_t* p, U* u) { u4x16_load(p, u); }
+    static V16 dot(const U& u, const Q8x32& x, int32_t) { return u4x16_dot(u, x); }
+    static V16 scale(const uint8_t* p) { return vload_halves(p + 256); }
+    static V16 low(const uint8_t* p) { return vload_halves(p + 288); }
+    static constexpr bool LOW = true;  // an offset m
+};
+struct WovenQ8 {
+    static constexpr int64_t BYTES = 544;
+    using U = U8x16;
+    static void load(const uint8_t* p, U* u) { u8x16_load(p, u); }
+    static V16 dot(const U& u, const Q8x32& x, int32_t xsum) { return u8x16_dot(u, x, xsum); }
+    static V16 scale(const uint8_t* p) { return vload_halves(p + 512); }
+    static V16 low(const uint8_t*) { return vzero(); }
+    static constexpr bool LOW = false;
+};
+
+// T tokens' activations as int8: token i's block b of 32 values at q + i * K + 32 b, rounded
+// to the nearest of 255 steps of its largest magnitude / 127 (d), the float sum of each block
+// (s) and the sum of its int8 values (n).
+struct Acts {
+    const int8_t* q;
+    const float* d;
+    const float* s;
+    const int32_t* n;
+    int64_t K, nb;
+};
+
+inline Acts quantize(const float* x, int64_t ldx, int64_t T, int64_t K) {
+    static thread_local std::vector<int8_t> qbuf;  // per thread: products run on every thread
+    static thread_local std::vector<float> fbuf;
+    static thread_local std::vector<int32_t> nbuf;
+    const int64_t nb = K / 32;
+    if ((int64_t)qbuf.size() < T * K) qbuf.resize(T * K);
+    if ((int64_t)fbuf.size() < 2 * T * nb) fbuf.resize(2 * T * nb);
+    if ((int64_t)nbuf.size() < T * nb) nbuf.resize(T * nb);
+    int8_t* q = qbuf.data();
+    float *d = fbuf.data(), *s = d + T * nb;
+    int32_t* n = nbuf.data();
+    for (int64_t i = 0; i < T; i++)
+        for (int64_t b = 0; b < nb; b++) {
+            const float* xb = x + i * ldx + 32 * b;
+            int8_t* qb = q + i * K + 32 * b;
+            const V16 v0 = vload(xb), v1 = vload(xb + 16);
+            const float top = vhmax(vmax(vmax(v0, vsub(vzero(), v0)), vmax(v1, vsub(vzero(), v1))));
+            const V16 inv = vset1(top > 0.0f ? 127.0f / top : 0.0f);
+            vstore_i8(qb, vmul(v0, inv));
+            vstore_i8(qb + 16, vmul(v1, inv));
+            int32_t sum = 0;
+            for (int j = 0; j < 32; j++) sum += qb[j];
+            d[i * nb + b] = top / 127.0f;
+            s[i * nb + b] = vhsum(vadd(v0, v1));
+            n[i * nb + b] = sum;
+        }
+    return Acts{q, d, s, n, K, nb};
+}
+
+// acc[i] = rows 16 g .. 16 g + 15 of the woven weight at G (group g's blocks) . token i0 + i,
+// for NT tokens; with `fetch`, the weight's next bytes prefetched on the way.
+template <class F, int NT>
+inline void woven_group(const uint8_t* G, const Acts& a, int64_t i0, V16* acc, bool fetch) {
+    for (int i = 0; i < NT; i++) acc[i] = vzero();
+    const uint8_t* p = G;
+    for (int64_t b = 0; b < a.nb; b++, p += F::BYTES) {
+        if (fetch)
+            for (int64_t c = 0; c < F::BYTES; c += 64) specd::prefetch(p + PREFETCH_AHEAD + c);
+        typename F::U u;
+        F::load(p, &u);
+        const V16 d = F::scale(p), m = F::low(p);
+        for (int i = 0; i < NT; i++) {
+            const int64_t t = (i0 + i) * a.nb + b;
+            const V16 sums = F::dot(u, q8x32(a.q + (i0 + i) * a.K + 32 * b), a.n[t]);
+            acc[i] = vfma(vmul(sums, d), vset1(a.d[t]), acc[i]);
+            if (F::LOW) acc[i] = vfma(m, vset1(a.s[t]), acc[i]);
+        }
+    }
+}
+
+// f(std::integral_constant<int, n>) for 1 <= n <= N.
+template <int N, class Fn>
+inline void with_count(int64_t n, Fn f) {
+    if (n == N) f(std::integral_constant<int, N>{});
+    else if constexpr (N > 1) with_count<N - 1>(n, f);
+}
+
+// y[i * ldy + r] = W[r] . x[i * ldx ..] for rows [r0, r1) of a woven weight and T tokens.
+template <class F>
+inline void woven_rows(const uint8_t* W, int64_t K, const float* x, int64_t ldx, int64_t T,
+                       int64_t r0, int64_t r1, float* y, int64_t ldy) {
+    if (r0 >= r1) return;
+    const Acts a = quantize(x, ldx, T, K);
+    for (int64_t g = r0 / 16; 16 * g < r1; g++) {
+        const uint8_t* G = W + g * a.nb * F::BYTES;
+        const int64_t lo = (r0 > 16 * g ? r0 : 16 * g) - 16 * g, hi = (r1 < 16 * g + 16 ? r1 : 16 * g + 16) - 16 * g;
+        for (int64_t i0 = 0; i0 < T; i0 += QDOT_TOKENS) {
+            const int64_t n = T - i0 < QDOT_TOKENS ? T - i0 : QDOT_TOKENS;
+            V16 acc[QDOT_TOKENS];
+            with_count<QDOT_TOKENS>(n, [&](auto NT) { woven_group<F, decltype(NT)::value>(G, a, i0, acc, i0 == 0); });
+            for (int64_t i = 0; i < n; i++) {
+                float* out = y + (i0 + i) * ldy + 16 * g;
+                if (lo == 0 && hi == 16) {
+                    vstore(out, acc[i]);
+                } else {  // a group cut by the rows asked for
+                    alignas(64) float all[16];
+                    vstore(all, acc[i]);
+                    for (int64_t l = lo; l < hi; l++) out[l] = all[l];
+                }
+            }
+        }
+    }
+}
+
 // y[i * ldy + r] = W[r] . x[i * ldx ..] for rows r in [r0, r0 + R) and NT tokens i: each
 // block of the R rows decoded once, multiplied with every token while in registers; with
 // `fetch`, the weight's next bytes prefetched on the way.
@@ -324,7 +452,12 @@ struct Weight {
 inline void rows(Weight W, const float* b, int64_t K, const float* x, int64_t ldx, int64_t T,
                  int64_t r0, int64_t r1, float* y, int64_t ldy) {
     const uint8_t* p = (const uint8_t*)W.p;
-    with_format(W.format, [&](auto fmt) { rows_of<decltype(fmt)>(p, K, x, ldx, T, r0, r1, y, ldy); });
+    if (W.format == Q4X16)
+        woven_rows<WovenQ4>(p, K, x, ldx, T, r0, r1, y, ldy);
+    else if (W.format == Q8X16)
+        woven_rows<WovenQ8>(p, K, x, ldx, T, r0, r1, y, ldy);
+    else
+        with_format(W.format, [&](auto fmt) { rows_of<decltype(fmt)>(p, K, x, ldx, T, r0, r1, y, ldy); });
     if (b != nullptr)
         for (int64_t i = 0; i < T; i++)
             for (int64_t r = r0; r < r1; r++) y[i * ldy + r] += b[r];
@@ -334,6 +467,12 @@ inline void rows(Weight W, const float* b, int64_t K, const float* x, int64_t ld
 inline void share(int64_t n, int t, int nt, int64_t* lo, int64_t* hi) {
     *lo = n * t / nt;
     *hi = n * (t + 1) / nt;
+}
+
+// The same for a product's rows, cut at multiples of 16 (a woven group stays on one thread).
+inline void share_rows(int64_t n, int t, int nt, int64_t* lo, int64_t* hi) {
+    *lo = t == 0 ? 0 : n * t / nt / 16 * 16;
+    *hi = t + 1 == nt ? n : n * (t + 1) / nt / 16 * 16;
 }
 
 // out = x / sqrt(mean(x^2) + eps) * w, for x [n], n a multiple of 16.
@@ -385,13 +524,20 @@ struct Group {
     int64_t kv_t;
     const uint8_t* tree;  // [T, T] or null (a chain)
     float scale;
+    // One node of a tree as the chain of its path: new position n is new token order[n]
+    // (its ancestors and itself, in order), and the node sees the first `reach` of them.
+    const int64_t* order = nullptr;
+    int64_t reach = 0;
 };
 
 inline bool sees(const Group& a, int64_t i, int64_t j) {
     if (j < a.past) return true;
     const int64_t n = j - a.past;
+    if (a.order != nullptr) return n < a.reach;
     return a.tree == nullptr ? n <= i : a.tree[i * a.T + n] != 0;
 }
+// The row of new position n (of the path, for a node of a tree).
+inline int64_t new_row(const Group& a, int64_t n) { return a.order != nullptr ? a.order[n] : n; }
 
 // Scores (scaled, -inf where unseen) of pairs [p0, p0 + NP) over positions [j0, j1) into
 // s (row p at s + p * n), 64-wide heads: NP pairs by four keys at a time in registers.
@@ -400,9 +546,12 @@ inline void score_block(const Group& a, const Query& query, const Key& key, int6
                         int64_t n, int64_t p0, float* s) {
     const float* qp[NP];
     for (int x = 0; x < NP; x++) qp[x] = query(p0 + x);
-    const int64_t nk = n / 4 * 4;
-    for (int64_t j = j0; j < j0 + nk; j += 4) {
-        const float* kp[4] = {key(j), key(j + 1), key(j + 2), key(j + 3)};
+    for (int64_t j = j0; j < j1; j += 4) {
+        // past the range's end, the last key again (its scores are not kept): every score is
+        // summed the same way wherever the range ends
+        const int64_t last = j1 - 1;
+        const float* kp[4] = {key(j), key(j + 1 < last ? j + 1 : last), key(j + 2 < last ? j + 2 : last),
+                              key(j + 3 < last ? j + 3 : last)};
         V16 acc[16];
         for (int x = 0; x < 16; x++) acc[x] = vzero();
         for (int c = 0; c < 64; c += 16) {
@@ -415,15 +564,13 @@ inline void score_block(const Group& a, const Query& query, const Key& key, int6
         }
         alignas(64) float out[16];
         vstore(out, vmul(vsum16(acc), vset1(a.scale)));
+        const int64_t keys = j1 - j < 4 ? j1 - j : 4;
         for (int x = 0; x < NP; x++) {
             float* row = s + (p0 + x) * n + (j - j0);
             const int64_t i = (p0 + x) / a.rep;
-            for (int y = 0; y < 4; y++) row[y] = j + y < a.past || sees(a, i, j + y) ? out[x * 4 + y] : -INFINITY;
+            for (int y = 0; y < keys; y++) row[y] = j + y < a.past || sees(a, i, j + y) ? out[x * 4 + y] : -INFINITY;
         }
     }
-    for (int64_t j = j0 + nk; j < j1; j++)
-        for (int64_t p = p0; p < p0 + NP; p++)
-            s[p * n + j - j0] = sees(a, p / a.rep, j) ? dot(query(p), key(j), 64) * a.scale : -INFINITY;
 }
 
 // The attention of the group's rep query heads of every new token over positions
@@ -442,13 +589,13 @@ void attend_group(const Group& a, int64_t Hq, int64_t j0, int64_t j1, float* s, 
         for (int64_t d = 0; d < D; d++) o[2 + d] = 0.0f;
     }
     if (n == 0) return;
-    auto key = [&](int64_t j) { return j >= a.past ? a.k_new + (j - a.past) * a.kv_t : a.k + j * D; };
+    auto key = [&](int64_t j) { return j >= a.past ? a.k_new + new_row(a, j - a.past) * a.kv_t : a.k + j * D; };
     auto query = [&](int64_t p) { return a.q + (p / a.rep) * a.q_t + (a.g * a.rep + p % a.rep) * D; };
     int64_t done = 0;  // pairs scored in blocks
-    if (D == 64 && pairs >= 4) {
+    if (D == 64) {
         // up to four pairs by four keys at a time: sixteen dot products in registers,
-        // summed across their lanes together (vsum16); a one-token step's three pairs
-        // measured 1.5% faster one dot product at a time
+        // summed across their lanes together (vsum16, each sum in the same order: a pair's
+        // scores do not depend on the pairs and keys beside it)
         for (; done < pairs; done += 4) {
             switch (pairs - done) {
                 case 1: score_block<1>(a, query, key, j0, j1, n, done, s); break;
@@ -499,7 +646,7 @@ void attend_group(const Group& a, int64_t Hq, int64_t j0, int64_t j1, float* s, 
             for (int x = 0; x < TILE_ROWS; x++)
                 for (int y = 0; y < TILE_VECS; y++) acc[x][y] = vzero();
             for (int64_t j = j0; j < j1; j++) {
-                const float* val = (j >= a.past ? a.v_new + (j - a.past) * a.kv_t : a.v + j * D) + c;
+                const float* val = (j >= a.past ? a.v_new + new_row(a, j - a.past) * a.kv_t : a.v + j * D) + c;
                 V16 vv[TILE_VECS];
                 for (int y = 0; y < TILE_VECS; y++) vv[y] = y < w ? vload(val + 16 * y) : vzero();
                 for (int x = 0; x < TILE_ROWS; x++) {
@@ -519,11 +666,22 @@ struct Layout {
     int64_t shared, own, chunk;
 };
 
+// Positions a part of the attention covers: chunk c is [c * ATTN_CHUNK, (c + 1) * ATTN_CHUNK),
+// the chunks shared out between the threads in runs, the parts merged in chunk order. A new token's attention
+// sums the same positions in the same order whatever the pass around it (its length, the
+// cache before it), as one token's step would: the tokens of plain decoding and of a verify
+// pass come out alike, as they must where activations are rounded to int8 (a change in the
+// last bit of one may move it a whole step).
+constexpr int64_t ATTN_CHUNK = 128;
+
+inline int64_t chunks_of(int64_t n) { return (n + ATTN_CHUNK - 1) / ATTN_CHUNK; }
+
 Layout layout(int64_t H, int64_t I, int64_t Hq, int64_t KV, int64_t D, int64_t T, int64_t past,
               int threads) {
+    (void)threads;
     Layout l;
-    l.shared = T * (H + (Hq + 2 * KV) * D + threads * Hq * (D + 2) + H + 3 * I);
-    l.chunk = Hq / KV * T * (past + T);  // a thread's scores: at most every position
+    l.shared = T * (H + (Hq + 2 * KV) * D + chunks_of(past + T) * Hq * (D + 2) + H + 3 * I);
+    l.chunk = Hq / KV * T * (past + T < ATTN_CHUNK ? past + T : ATTN_CHUNK);  // scores of a chunk
     l.own = T * (H + Hq * D + 2 * KV * D + Hq * D) + l.chunk;
     return l;
 }
@@ -538,6 +696,42 @@ int64_t specd_decode_step_max_tokens() { return MAX_T; }
 // exact values the step multiplies with: a prefill's products on a float copy, made once.
 void specd_dequantize(const void* weight, int32_t format, int64_t rows, int64_t K, float* out,
                       int threads) {
+    if (format == Q4X16) {  // row l of group g: its nibbles in qdot.h's order, then d and m
+        const int64_t nb = K / 32;
+#pragma omp parallel for num_threads(threads) schedule(static)
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t* p = (const uint8_t*)weight + ((r / 16) * nb + b) * WovenQ4::BYTES;
+                const int64_t l = r % 16;
+                uint16_t h[2];
+                memcpy(&h[0], p + 256 + 2 * l, 2);
+                memcpy(&h[1], p + 288 + 2 * l, 2);
+                const float d = half_to_float(h[0]), m = half_to_float(h[1]);
+                float* o = out + r * K + 32 * b;
+                for (int k = 0; k < 4; k++)
+                    for (int c = 0; c < 4; c++) {
+                        const uint8_t q = p[64 * k + 4 * l + c];
+                        o[4 * k + c] = fmaf(d, (float)(q & 15), m);
+                        o[16 + 4 * k + c] = fmaf(d, (float)(q >> 4), m);
+                    }
+            }
+        return;
+    }
+    if (format == Q8X16) {  // row l of group g: its bytes (q + 128) in qdot.h's order, then d
+        const int64_t nb = K / 32;
+#pragma omp parallel for num_threads(threads) schedule(static)
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t* p = (const uint8_t*)weight + ((r / 16) * nb + b) * WovenQ8::BYTES;
+                const int64_t l = r % 16;
+                uint16_t h;
+                memcpy(&h, p + 512 + 2 * l, 2);
+                const float d = half_to_float(h);
+                for (int k = 0; k < 8; k++)
+                    for (int c = 0; c < 4; c++) out[r * K + 32 * b + 4 * k + c] = d * (float)((int)p[64 * k + 4 * l + c] - 128);
+            }
+        return;
+    }
     auto run = [&](auto fmt) {
         using F = decltype(fmt);
         const int64_t rb = F::row_bytes(K);
@@ -565,7 +759,7 @@ void specd_product(const void* weight, int32_t format, int64_t N, int64_t K, con
 #pragma omp parallel num_threads(threads)
     {
         int64_t lo, hi;
-        share(N, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
+        share_rows(N, omp_get_thread_num(), omp_get_num_threads(), &lo, &hi);
         rows(Weight{weight, format}, b, K, x, K, T, lo, hi, y, N);
     }
 }
@@ -602,8 +796,9 @@ void specd_decode_step(const void* const* layers, const int32_t* formats, int64_
     const Layout lay = layout(H, I, Hq, KV, D, T, past, threads);
     float* h = work;  // the residual stream [T, H]
     float* qkv = h + T * H;  // [T, QKV]
-    float* part = qkv + T * QKV;  // per thread, token and head: m, l, o [D]
-    float* mid = part + threads * T * Hq * (D + 2);  // h after attention [T, H]
+    const int64_t chunks = chunks_of(past + T);
+    float* part = qkv + T * QKV;  // per chunk of positions, token and head: m, l, o [D]
+    float* mid = part + chunks * T * Hq * (D + 2);  // h after attention [T, H]
     float* gate = mid + T * H;  // [T, I]
     float* up = gate + T * I;  // [T, I]
     float* act = up + T * I;  // [T, I]
@@ -618,7 +813,6 @@ void specd_decode_step(const void* const* layers, const int32_t* formats, int64_
         float* vn = kn + T * KD;  // and values [T, KD]
         float* o = vn + T * KD;  // attention outputs [T, QD]
         float* s = o + T * QD;  // scores [chunk]
-        float* mine = part + t * T * Hq * (D + 2);
         int64_t lo, hi;
         for (int64_t layer = 0; layer < L; layer++) {
             const void* const* w = layers + layer * PER_LAYER;
@@ -630,7 +824,7 @@ void specd_decode_step(const void* const* layers, const int32_t* formats, int64_
             const int64_t kh = caches[layer * 4 + 2], vh = caches[layer * 4 + 3];
             for (int64_t i = 0; i < T; i++) rmsnorm(h + i * H, vec(LN1), H, eps, xn + i * H);
             // q, k and v as one run of QKV rows, shared out
-            share(QKV, t, nt, &lo, &hi);
+            share_rows(QKV, t, nt, &lo, &hi);
             if (lo < QD) rows(mat(WQ), vec(BQ), H, xn, H, T, lo, hi < QD ? hi : QD, qkv, QKV);
             if (hi > QD && lo < QD + KD) {
                 const int64_t a = lo > QD ? lo - QD : 0, b = hi < QD + KD ? hi - QD : KD;
@@ -653,26 +847,50 @@ void specd_decode_step(const void* const* layers, const int32_t* formats, int64_
                         memcpy(kc + g * kh + (past + i) * D, kn + i * KD + g * D, D * sizeof(float));
                         memcpy(vc + g * vh + (past + i) * D, vn + i * KD + g * D, D * sizeof(float));
                     }
-            // positions [0, past + T) shared out; the new ones read from kn, vn, never the
-            // cache (thread 0 may be writing them)
-            share(past + T, t, nt, &lo, &hi);
-            for (int64_t g = 0; g < KV; g++) {
-                const Group grp{q, QD, g, rep, T, past, D, kc + g * kh, vc + g * vh,
-                                kn + g * D, vn + g * D, KD, tree, scale};
-                attend_group(grp, Hq, lo, hi, s, mine);
+            // positions [0, past + T) in chunks (ATTN_CHUNK); the new ones read from kn, vn,
+            // never the cache (thread 0 may be writing them)
+            share(chunks, t, nt, &lo, &hi);  // each thread a run of chunks: one stream
+            for (int64_t c = lo; c < hi; c++) {
+                const int64_t j0 = c * ATTN_CHUNK, j1 = j0 + ATTN_CHUNK < past + T ? j0 + ATTN_CHUNK : past + T;
+                float* chunk = part + c * T * Hq * (D + 2);
+                for (int64_t g = 0; g < KV; g++) {
+                    const Group grp{q, QD, g, rep, T, past, D, kc + g * kh, vc + g * vh,
+                                    kn + g * D, vn + g * D, KD, tree, scale};
+                    if (tree == nullptr || j1 <= past) {
+                        attend_group(grp, Hq, j0, j1, s, chunk);
+                        continue;
+                    }
+                    // a tree's new positions: each node over its path as the chain of one-token
+                    // steps that decodes it would see them (its ancestors at the positions
+                    // after the cache, in order), so a node's values do not depend on its
+                    // siblings and cousins
+                    for (int64_t i = 0; i < T; i++) {
+                        int64_t order[MAX_T], reach = 0;
+                        for (int64_t n = 0; n < T; n++)
+                            if (tree[i * T + n]) order[reach++] = n;
+                        Group node = grp;
+                        node.q = q + i * QD;
+                        node.T = 1;
+                        node.tree = nullptr;
+                        node.order = order;
+                        node.reach = reach;
+                        const int64_t end = past + reach < j1 ? past + reach : j1;
+                        attend_group(node, Hq, j0, end > j0 ? end : j0, s, chunk + i * Hq * (D + 2));
+                    }
+                }
             }
 #pragma omp barrier
-            // every thread merges the parts into its own copy of the outputs
+            // every thread merges the chunks' parts, in order, into its own copy of the outputs
             for (int64_t ih = 0; ih < T * Hq; ih++) {
                 float top = -INFINITY;
-                for (int u = 0; u < nt; u++) {
+                for (int64_t u = 0; u < chunks; u++) {
                     const float mu = part[(u * T * Hq + ih) * (D + 2)];
                     top = mu > top ? mu : top;
                 }
                 float total = 0.0f;
                 float* out = o + ih * D;  // token ih / Hq, head ih % Hq
                 for (int64_t d = 0; d < D; d++) out[d] = 0.0f;
-                for (int u = 0; u < nt; u++) {
+                for (int64_t u = 0; u < chunks; u++) {
                     const float* p = part + (u * T * Hq + ih) * (D + 2);
                     if (p[1] == 0.0f) continue;  // none of its positions seen
                     const float f = expf(p[0] - top);
@@ -682,18 +900,18 @@ void specd_decode_step(const void* const* layers, const int32_t* formats, int64_
                 const float inv = 1.0f / total;
                 for (int64_t d = 0; d < D; d++) out[d] *= inv;
             }
-            share(H, t, nt, &lo, &hi);
+            share_rows(H, t, nt, &lo, &hi);
             rows(mat(WO), vec(BO), QD, o, QD, T, lo, hi, mid, H);
             for (int64_t i = 0; i < T; i++)
                 for (int64_t r = lo; r < hi; r++) mid[i * H + r] += h[i * H + r];
 #pragma omp barrier
             for (int64_t i = 0; i < T; i++) rmsnorm(mid + i * H, vec(LN2), H, eps, xn + i * H);
-            share(I, t, nt, &lo, &hi);
+            share_rows(I, t, nt, &lo, &hi);
             rows(mat(WG), nullptr, H, xn, H, T, lo, hi, gate, I);
             rows(mat(WU), nullptr, H, xn, H, T, lo, hi, up, I);
             for (int64_t i = 0; i < T; i++) silu_mul(gate + i * I, up + i * I, lo, hi, act + i * I);
 #pragma omp barrier
-            share(H, t, nt, &lo, &hi);
+            share_rows(H, t, nt, &lo, &hi);
             rows(mat(WD), nullptr, I, act, I, T, lo, hi, h, H);
             for (int64_t i = 0; i < T; i++)
                 for (int64_t r = lo; r < hi; r++) h[i * H + r] += mid[i * H + r];
@@ -702,7 +920,7 @@ void specd_decode_step(const void* const* layers, const int32_t* formats, int64_
         for (int64_t i = 0; i < T; i++) rmsnorm(h + i * H, norm, H, eps, xn + i * H);
         if (t == 0) memcpy(hidden, xn, T * H * sizeof(float));
         if (logits != nullptr) {  // none for a prefill's passes: nobody reads them
-            share(V, t, nt, &lo, &hi);
+            share_rows(V, t, nt, &lo, &hi);
             rows(Weight{lm, lm_format}, lm_b, H, xn, H, T, lo, hi, logits, V);
         }
     }

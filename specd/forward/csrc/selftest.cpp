@@ -33,6 +33,10 @@ void specd_decode_step(const void* const* layers, const int32_t* formats, int64_
                        const float* sin, int64_t T, int64_t past, const uint8_t* tree,
                        const float* norm, const void* lm, int32_t lm_format, const float* lm_b,
                        int64_t V, float* logits, float* hidden, float* work, int threads);
+void specd_product(const void* weight, int32_t format, int64_t N, int64_t K, const float* x,
+                   int64_t T, const float* b, float* y, int threads);
+void specd_dequantize(const void* weight, int32_t format, int64_t rows, int64_t K, float* out,
+                      int threads);
 int specd_attention_head_dim();
 void specd_attention(const float* q, int64_t q_h, int64_t q_t, const float* k, int64_t k_h,
                      int64_t k_s, const float* v, int64_t v_h, int64_t v_s, float* out,
@@ -286,6 +290,74 @@ double check_step(const Model& m, int* passes) {
     return worst;
 }
 
+// A chain pass of T tokens against T one-token steps over copies of the same cache: each
+// token's logits, hidden state and cached keys and values equal bit for bit (what makes
+// plain decoding and speculation emit the same tokens); and a tree pass, each node's logits
+// and hidden state against the one-token steps along its path (the rotary angles given per
+// node, as a tree's depths set them). The number of values, or rows of a node, that differ.
+int64_t check_consistent(const Model& m, int* passes) {
+    const int64_t cap = 420, D = m.D, H = m.H;
+    const float eps = 1e-5f, scale = 1.0f / sqrtf((float)D);
+    std::vector<const void*> table;
+    for (int64_t l = 0; l < m.L; l++)
+        for (int n = 0; n < PER_LAYER; n++) table.push_back(ptr(m.w[l * PER_LAYER + n]));
+    const std::vector<int32_t> formats(table.size(), 0);
+    int64_t differ = 0;
+    for (int64_t past : {0, 9, 121, 250})
+        for (int64_t T : {2, 5, 16})
+            for (int threads : {2, 3}) {
+                const Vec k0 = randn(m.L * m.KV * cap * D, 1.0f), v0 = randn(m.L * m.KV * cap * D, 1.0f);
+                const Vec x = randn(T * H, 1.0f), cos = randn(T * D, 0.5f), sin = randn(T * D, 0.5f);
+                Vec kc[2] = {k0, k0}, vc[2] = {v0, v0}, logits[2], hidden[2];
+                for (int way = 0; way < 2; way++) {  // the pass, then the steps
+                    logits[way].assign(T * m.V, 0.0f);
+                    hidden[way].assign(T * H, 0.0f);
+                    const std::vector<int64_t> caches = cache_table(m, kc[way], vc[way], cap);
+                    const int64_t step = way == 0 ? T : 1;
+                    for (int64_t i = 0; i < T; i += step) {
+                        Vec work(specd_decode_step_work(H, m.I, m.Hq, m.KV, D, step, past + i, threads));
+                        specd_decode_step(table.data(), formats.data(), m.L, caches.data(), H, m.I,
+                                          m.Hq, m.KV, D, eps, scale, x.data() + i * H, cos.data() + i * D,
+                                          sin.data() + i * D, step, past + i, nullptr, m.norm.data(),
+                                          m.lm.data(), 0, ptr(m.lm_b), m.V, logits[way].data() + i * m.V,
+                                          hidden[way].data() + i * H, work.data(), threads);
+                    }
+                }
+                for (const auto* pair : {logits, hidden, kc, vc})
+                    for (size_t j = 0; j < pair[0].size(); j++)
+                        differ += memcmp(&pair[0][j], &pair[1][j], sizeof(float)) != 0;
+                (*passes)++;
+                // a tree of T nodes against, for each node, the one-token steps along its path
+                std::vector<int64_t> depth;
+                const std::vector<uint8_t> tree = random_tree(T, &depth);
+                Vec tk = k0, tv = v0, tl(T * m.V), th(T * H);
+                const std::vector<int64_t> tc = cache_table(m, tk, tv, cap);
+                Vec work(specd_decode_step_work(H, m.I, m.Hq, m.KV, D, T, past, threads));
+                specd_decode_step(table.data(), formats.data(), m.L, tc.data(), H, m.I, m.Hq, m.KV,
+                                  D, eps, scale, x.data(), cos.data(), sin.data(), T, past, tree.data(),
+                                  m.norm.data(), m.lm.data(), 0, ptr(m.lm_b), m.V, tl.data(), th.data(),
+                                  work.data(), threads);
+                for (int64_t i = 0; i < T; i++) {
+                    Vec pk = k0, pv = v0, pl(m.V), ph(H);
+                    const std::vector<int64_t> pc = cache_table(m, pk, pv, cap);
+                    int64_t at = past;
+                    for (int64_t n = 0; n <= i; n++) {  // its ancestors and itself, in order
+                        if (!tree[i * T + n]) continue;
+                        Vec w1(specd_decode_step_work(H, m.I, m.Hq, m.KV, D, 1, at, threads));
+                        specd_decode_step(table.data(), formats.data(), m.L, pc.data(), H, m.I, m.Hq,
+                                          m.KV, D, eps, scale, x.data() + n * H, cos.data() + n * D,
+                                          sin.data() + n * D, 1, at, nullptr, m.norm.data(), m.lm.data(),
+                                          0, ptr(m.lm_b), m.V, pl.data(), ph.data(), w1.data(), threads);
+                        at++;
+                    }
+                    differ += memcmp(pl.data(), tl.data() + i * m.V, m.V * sizeof(float)) != 0;
+                    differ += memcmp(ph.data(), th.data() + i * H, H * sizeof(float)) != 0;
+                }
+                (*passes)++;
+            }
+    return differ;
+}
+
 // Weights stored as blocks (decode_step.cpp's Format): random blocks of each format, their
 // values decoded here independently of the kernel (a half's value from its fields, each
 // format's loops as ggml's reference de-quantizers run them, in double precision).
@@ -489,6 +561,87 @@ double check_attention(int64_t T, int64_t past, int64_t Hq, int64_t KV, bool wit
 
 }  // namespace
 
+// The products over rows woven 16 together (format 10: Q4_1's nibbles, d and m; 11: Q8_0's
+// bytes plus 128 and d; qdot.h's layouts) with int8 activations, against the same arithmetic
+// here in double: activations rounded as decode_step.cpp's `quantize` rounds them (a scale
+// per 32), the integer sums exact, the weight's values from its fields; and the kernel's
+// de-quantization of the woven weight. The worst error relative to the largest value over
+// N rows (cut groups included), T tokens, 1-3 threads.
+double check_woven(int format, int64_t N, int64_t K, int* passes) {
+    const bool q8 = format == 11;
+    const int64_t G = (N + 15) / 16, nb = K / 32, bytes = q8 ? 544 : 320, nq = q8 ? 512 : 256;
+    std::vector<uint8_t> w(G * nb * bytes);
+    std::vector<int32_t> qv(G * 16 * K);  // row r, column k: the integer value
+    for (int64_t g = 0; g < G; g++)
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t* p = w.data() + (g * nb + b) * bytes;
+            for (int64_t j = 0; j < nq; j++) p[j] = (uint8_t)rng();
+            for (int l = 0; l < 16; l++) {
+                const uint16_t d = random_half(-9, -5), m = random_half(-6, -3);
+                memcpy(p + nq + 2 * l, &d, 2);
+                if (!q8) memcpy(p + nq + 32 + 2 * l, &m, 2);
+                int32_t* row = qv.data() + (g * 16 + l) * K + 32 * b;
+                for (int k = 0; k < (q8 ? 8 : 4); k++)
+                    for (int c = 0; c < 4; c++) {
+                        const uint8_t q = p[64 * k + 4 * l + c];
+                        if (q8) {
+                            row[4 * k + c] = (int32_t)q - 128;
+                        } else {
+                            row[4 * k + c] = q & 15;
+                            row[16 + 4 * k + c] = q >> 4;
+                        }
+                    }
+            }
+        }
+    auto scales = [&](int64_t r, int64_t b, double* d, double* m) {
+        const uint8_t* p = w.data() + ((r / 16) * nb + b) * bytes;
+        uint16_t h[2] = {0, 0};
+        memcpy(&h[0], p + nq + 2 * (r % 16), 2);
+        if (!q8) memcpy(&h[1], p + nq + 32 + 2 * (r % 16), 2);
+        *d = half_value(h[0]);
+        *m = q8 ? 0.0 : half_value(h[1]);
+    };
+    double worst = 0.0;
+    Vec values(N * K);
+    specd_dequantize(w.data(), format, N, K, values.data(), 2);
+    for (int64_t r = 0; r < N; r++)
+        for (int64_t k = 0; k < K; k++) {  // one rounding: d * q + m
+            double d, m;
+            scales(r, k / 32, &d, &m);
+            if (values[r * K + k] != (float)(d * qv[r * K + k] + m)) worst = 1.0;
+        }
+    for (int64_t T : {1, 3, 8, 16})
+        for (int threads = 1; threads <= 3; threads++) {
+            const Vec x = randn(T * K, 1.0f);
+            Vec y(T * N);
+            specd_product(w.data(), format, N, K, x.data(), T, nullptr, y.data(), threads);
+            std::vector<double> want(T * N, 0.0);
+            for (int64_t i = 0; i < T; i++)
+                for (int64_t b = 0; b < nb; b++) {
+                    const float* xb = x.data() + i * K + 32 * b;
+                    float top = 0.0f;
+                    double sum = 0.0;
+                    for (int j = 0; j < 32; j++) {
+                        top = fabsf(xb[j]) > top ? fabsf(xb[j]) : top;
+                        sum += xb[j];
+                    }
+                    const float inv = top > 0.0f ? 127.0f / top : 0.0f, dx = top / 127.0f;
+                    for (int64_t r = 0; r < N; r++) {
+                        double d, m;
+                        scales(r, b, &d, &m);
+                        int64_t isum = 0;
+                        for (int j = 0; j < 32; j++)
+                            isum += (int64_t)qv[r * K + 32 * b + j] * (int64_t)nearbyintf(xb[j] * inv);
+                        want[i * N + r] += d * isum * dx + m * sum;
+                    }
+                }
+            const double e = rel_err(y.data(), want.data(), T * N);
+            worst = e > worst || e != e ? e : worst;
+            (*passes)++;
+        }
+    return worst;
+}
+
 int main(int argc, char** argv) {
     double tolerance = 1e-4;
     if (argc > 2 || (argc == 2 && (tolerance = atof(argv[1])) <= 0.0)) {
@@ -522,12 +675,23 @@ int main(int argc, char** argv) {
         if (d != 0) printf("%s blocks: %lld values differ from the float32 step's\n", NAMES[f], (long long)d);
         differ += d;
     }
-    const bool ok = step <= tolerance && attention <= tolerance && differ == 0;
+    int same_passes = 0;
+    const int64_t unlike = check_consistent(wide, &same_passes) + check_consistent(narrow, &same_passes);
+    int woven_passes = 0;
+    double woven = 0.0;
+    for (int format : {10, 11})
+        for (int64_t n : {40, 64}) {
+            const double e = check_woven(format, n, n == 40 ? 96 : 576, &woven_passes);
+            woven = e > woven || e != e ? e : woven;
+        }
+    const bool ok = step <= tolerance && attention <= tolerance && differ == 0 && woven <= tolerance && unlike == 0;
     printf("specd kernels, %s: step %.2e over %d passes, attention %.2e over %d shapes "
            "(largest error relative to the largest value; tolerance %.0e); weights as Q4_0, "
            "Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K and BF16 blocks against their float32 "
-           "values: %lld values differ over %d passes: %s\n",
+           "values: %lld values differ over %d passes; woven Q4_1 and Q8_0 rows' int8 products %.2e over "
+           "%d; passes against one-token steps: %lld values differ over %d: %s\n",
            specd_kernel_isa(), step, passes, attention, (int)(sizeof(shapes) / sizeof(shapes[0])),
-           tolerance, (long long)differ, block_passes, ok ? "ok" : "FAILED");
+           tolerance, (long long)differ, block_passes, woven, woven_passes, (long long)unlike,
+           same_passes, ok ? "ok" : "FAILED");
     return ok ? 0 : 1;
 }

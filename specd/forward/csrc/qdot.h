@@ -1,0 +1,307 @@
+// Integer products of 4-bit weights with 8-bit activations, per instruction set (the
+// companion of vec.h; the same SPECD_ISA_* defines).
+//
+// The weights come as a block of 16 rows by 32 values of 4-bit integers (0..15) in 256 bytes:
+// chunk k (k < 4) is 64 bytes, four a row: byte c of row l at 64 k + 4 l + c, whose low
+// nibble is the row's value 4 k + c and high nibble its value 16 + 4 k + c (ggml's Q4 layout,
+// sixteen rows woven together). `u4x16_dot` multiplies such a block with one token's 32
+// int8 activations and gives the 16 rows' sums as floats, exactly (|sum| <= 32 * 15 * 127 <
+// 2^24), in one instruction per 64 products where the CPU has an int8 dot product
+// (AVX-512 VNNI, AVX-VNNI, ARMv8.2's dot product), else in two or three.
+//
+// A block of 16 rows by 32 signed 8-bit integers comes in 512 bytes the same way (chunk k < 8
+// of 64 bytes, four a row: byte c of row l at 64 k + 4 l + c is its value 4 k + c), each
+// stored plus 128 (its bits xor 0x80: an unsigned byte, what VNNI's dot product takes);
+// `u8x16_dot` gives the rows' sums of the signed values times the activations, exactly
+// (given the activations' own sum: sum((q + 128) x) - 128 sum(x)).
+//
+// The sums are integers, so every build gives the same ones; what a product does with them
+// afterwards (vec.h's lane-wise float arithmetic, no sum across lanes) is the same on every
+// build too.
+
+#pragma once
+
+#include "vec.h"
+
+namespace specd {
+
+// One token's activations for the block it multiplies: 32 int8 values.
+struct Q8x32 {
+    int32_t w[8];  // four values a word, in order
+};
+inline Q8x32 q8x32(const int8_t* p) {
+    Q8x32 x;
+    memcpy(x.w, p, 32);
+    return x;
+}
+
+#if defined(SPECD_ISA_AVX512)
+
+constexpr int QDOT_TOKENS = 8;  // tokens a product's block of weights serves at once
+
+// The block unpacked to bytes once, for every token it multiplies (eight registers).
+struct U4x16 {
+    __m512i w[8];  // w[k]: chunk k's low nibbles, w[4 + k] its high nibbles
+};
+inline void u4x16_load(const uint8_t* p, U4x16* u) {
+    const __m512i low4 = _mm512_set1_epi8(15);
+    for (int k = 0; k < 4; k++) {
+        const __m512i v = _mm512_loadu_si512(p + 64 * k);
+        u->w[k] = _mm512_and_si512(v, low4);
+        u->w[4 + k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+    }
+}
+inline V16 u4x16_dot(const U4x16& u, const Q8x32& x) {
+#if defined(__AVX512VNNI__)
+    // two chains, so consecutive dot products need not wait on each other
+    __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+    for (int j = 0; j < 8; j += 2) {
+        s0 = _mm512_dpbusd_epi32(s0, u.w[j], _mm512_set1_epi32(x.w[j]));
+        s1 = _mm512_dpbusd_epi32(s1, u.w[j + 1], _mm512_set1_epi32(x.w[j + 1]));
+    }
+    return {_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1))};
+#else
+    // pairs of products in 16 bits (|15 * 128 * 2| fits), then pairs of those in 32
+    const __m512i ones = _mm512_set1_epi16(1);
+    __m512i s = _mm512_setzero_si512();
+    for (int j = 0; j < 8; j++)
+        s = _mm512_add_epi32(
+            s, _mm512_madd_epi16(_mm512_maddubs_epi16(u.w[j], _mm512_set1_epi32(x.w[j])), ones));
+    return {_mm512_cvtepi32_ps(s)};
+#endif
+}
+// A block of signed bytes (stored plus 128), loaded once for every token.
+struct U8x16 {
+    __m512i w[8];
+};
+inline void u8x16_load(const uint8_t* p, U8x16* u) {
+    for (int k = 0; k < 8; k++) u->w[k] = _mm512_loadu_si512(p + 64 * k);
+}
+inline V16 u8x16_dot(const U8x16& u, const Q8x32& x, int32_t xsum) {
+#if defined(__AVX512VNNI__)
+    __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+    for (int j = 0; j < 8; j += 2) {
+        s0 = _mm512_dpbusd_epi32(s0, u.w[j], _mm512_set1_epi32(x.w[j]));
+        s1 = _mm512_dpbusd_epi32(s1, u.w[j + 1], _mm512_set1_epi32(x.w[j + 1]));
+    }
+    const __m512i s = _mm512_add_epi32(s0, s1);
+#else
+    // the low seven bits and the top bit apart: pairs of products fit 16 bits
+    const __m512i ones = _mm512_set1_epi16(1), low7 = _mm512_set1_epi8(127);
+    __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
+    for (int j = 0; j < 8; j++) {
+        const __m512i xj = _mm512_set1_epi32(x.w[j]);
+        lo = _mm512_add_epi32(lo, _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_and_si512(u.w[j], low7), xj), ones));
+        const __m512i top = _mm512_and_si512(_mm512_srli_epi16(u.w[j], 7), _mm512_set1_epi8(1));
+        hi = _mm512_add_epi32(hi, _mm512_madd_epi16(_mm512_maddubs_epi16(top, xj), ones));
+    }
+    const __m512i s = _mm512_add_epi32(lo, _mm512_slli_epi32(hi, 7));
+#endif
+    return {_mm512_cvtepi32_ps(_mm512_sub_epi32(s, _mm512_set1_epi32(128 * xsum)))};
+}
+// 16 halves at p as floats.
+inline V16 vload_halves(const uint8_t* p) {
+    return {_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p))};
+}
+// a's 16 lanes rounded to the nearest integer (ties to even) and stored as int8 (within
+// +-127 by the caller's scale).
+inline void vstore_i8(int8_t* p, V16 a) {
+    _mm_storeu_si128((__m128i*)p, _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(a.v)));
+}
+
+#elif defined(SPECD_ISA_AVX2)
+
+constexpr int QDOT_TOKENS = 4;  // sixteen registers: the block is read from L1 for each token
+
+struct U4x16 {
+    const uint8_t* p;
+};
+inline void u4x16_load(const uint8_t* p, U4x16* u) { u->p = p; }
+// acc + the four-byte dot products of a (unsigned) and b (signed) in 32 bits.
+inline __m256i dot4(__m256i acc, __m256i a, __m256i b) {
+#if defined(__AVXVNNI__)
+    return _mm256_dpbusd_avx_epi32(acc, a, b);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1)));
+#endif
+}
+inline V16 u4x16_dot(const U4x16& u, const Q8x32& x) {
+    const __m256i low4 = _mm256_set1_epi8(15);
+    __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();  // rows 0-7, 8-15
+    for (int k = 0; k < 4; k++) {
+        const __m256i a = _mm256_loadu_si256((const __m256i*)(u.p + 64 * k));
+        const __m256i b = _mm256_loadu_si256((const __m256i*)(u.p + 64 * k + 32));
+        const __m256i xl = _mm256_set1_epi32(x.w[k]), xh = _mm256_set1_epi32(x.w[4 + k]);
+        lo = dot4(lo, _mm256_and_si256(a, low4), xl);
+        hi = dot4(hi, _mm256_and_si256(b, low4), xl);
+        lo = dot4(lo, _mm256_and_si256(_mm256_srli_epi16(a, 4), low4), xh);
+        hi = dot4(hi, _mm256_and_si256(_mm256_srli_epi16(b, 4), low4), xh);
+    }
+    return {_mm256_cvtepi32_ps(lo), _mm256_cvtepi32_ps(hi)};
+}
+struct U8x16 {
+    const uint8_t* p;
+};
+inline void u8x16_load(const uint8_t* p, U8x16* u) { u->p = p; }
+// acc + the four-byte dot products of a (unsigned, any of 0..255) and b (signed).
+inline __m256i dot4_u8(__m256i acc, __m256i a, __m256i b) {
+#if defined(__AVXVNNI__)
+    return _mm256_dpbusd_avx_epi32(acc, a, b);
+#else
+    // the low seven bits and the top bit apart: pairs of products fit 16 bits
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i lo = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(a, _mm256_set1_epi8(127)), b), ones);
+    const __m256i top = _mm256_and_si256(_mm256_srli_epi16(a, 7), _mm256_set1_epi8(1));
+    const __m256i hi = _mm256_madd_epi16(_mm256_maddubs_epi16(top, b), ones);
+    return _mm256_add_epi32(acc, _mm256_add_epi32(lo, _mm256_slli_epi32(hi, 7)));
+#endif
+}
+inline V16 u8x16_dot(const U8x16& u, const Q8x32& x, int32_t xsum) {
+    __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
+    for (int k = 0; k < 8; k++) {
+        const __m256i xk = _mm256_set1_epi32(x.w[k]);
+        lo = dot4_u8(lo, _mm256_loadu_si256((const __m256i*)(u.p + 64 * k)), xk);
+        hi = dot4_u8(hi, _mm256_loadu_si256((const __m256i*)(u.p + 64 * k + 32)), xk);
+    }
+    const __m256i bias = _mm256_set1_epi32(128 * xsum);
+    return {_mm256_cvtepi32_ps(_mm256_sub_epi32(lo, bias)), _mm256_cvtepi32_ps(_mm256_sub_epi32(hi, bias))};
+}
+inline V16 vload_halves(const uint8_t* p) {
+    return {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)),
+            _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 16)))};
+}
+inline void vstore_i8(int8_t* p, V16 a) {
+    // packs work within 128-bit lanes: words 0-3, 8-11, 4-7, 12-15, put back in order
+    const __m256i w = _mm256_packs_epi32(_mm256_cvtps_epi32(a.lo), _mm256_cvtps_epi32(a.hi));
+    const __m128i b = _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+    _mm_storeu_si128((__m128i*)p, _mm_shuffle_epi32(b, _MM_SHUFFLE(3, 1, 2, 0)));
+}
+
+#elif defined(SPECD_ISA_NEON)
+
+constexpr int QDOT_TOKENS = 4;
+
+struct U4x16 {
+    const uint8_t* p;
+};
+inline void u4x16_load(const uint8_t* p, U4x16* u) { u->p = p; }
+// acc + the four-byte dot products of a and b (a's values 0..15, read as signed).
+inline int32x4_t dot4(int32x4_t acc, uint8x16_t a, int8x16_t b) {
+#if defined(__ARM_FEATURE_DOTPROD)
+    return vdotq_s32(acc, vreinterpretq_s8_u8(a), b);
+#else
+    const int8x16_t s = vreinterpretq_s8_u8(a);
+    const int32x4_t lo = vpaddlq_s16(vmull_s8(vget_low_s8(s), vget_low_s8(b)));
+    const int32x4_t hi = vpaddlq_s16(vmull_high_s8(s, b));
+    return vaddq_s32(acc, vpaddq_s32(lo, hi));
+#endif
+}
+inline V16 u4x16_dot(const U4x16& u, const Q8x32& x) {
+    int32x4_t s[4] = {vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0)};
+    for (int k = 0; k < 4; k++) {
+        const int8x16_t xl = vreinterpretq_s8_s32(vdupq_n_s32(x.w[k]));
+        const int8x16_t xh = vreinterpretq_s8_s32(vdupq_n_s32(x.w[4 + k]));
+        for (int i = 0; i < 4; i++) {  // rows 4 i .. 4 i + 3
+            const uint8x16_t v = vld1q_u8(u.p + 64 * k + 16 * i);
+            s[i] = dot4(s[i], vandq_u8(v, vdupq_n_u8(15)), xl);
+            s[i] = dot4(s[i], vshrq_n_u8(v, 4), xh);
+        }
+    }
+    return {{vcvtq_f32_s32(s[0]), vcvtq_f32_s32(s[1]), vcvtq_f32_s32(s[2]), vcvtq_f32_s32(s[3])}};
+}
+struct U8x16 {
+    const uint8_t* p;
+};
+inline void u8x16_load(const uint8_t* p, U8x16* u) { u->p = p; }
+// acc + the four-byte dot products of signed a and b.
+inline int32x4_t dot4_s8(int32x4_t acc, int8x16_t a, int8x16_t b) {
+#if defined(__ARM_FEATURE_DOTPROD)
+    return vdotq_s32(acc, a, b);
+#else
+    const int32x4_t lo = vpaddlq_s16(vmull_s8(vget_low_s8(a), vget_low_s8(b)));
+    const int32x4_t hi = vpaddlq_s16(vmull_high_s8(a, b));
+    return vaddq_s32(acc, vpaddq_s32(lo, hi));
+#endif
+}
+inline V16 u8x16_dot(const U8x16& u, const Q8x32& x, int32_t xsum) {
+    (void)xsum;  // the signed values themselves (the stored byte xor 0x80)
+    int32x4_t s[4] = {vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0)};
+    for (int k = 0; k < 8; k++) {
+        const int8x16_t xk = vreinterpretq_s8_s32(vdupq_n_s32(x.w[k]));
+        for (int i = 0; i < 4; i++) {
+            const uint8x16_t v = veorq_u8(vld1q_u8(u.p + 64 * k + 16 * i), vdupq_n_u8(0x80));
+            s[i] = dot4_s8(s[i], vreinterpretq_s8_u8(v), xk);
+        }
+    }
+    return {{vcvtq_f32_s32(s[0]), vcvtq_f32_s32(s[1]), vcvtq_f32_s32(s[2]), vcvtq_f32_s32(s[3])}};
+}
+inline V16 vload_halves(const uint8_t* p) {
+    V16 r;
+    for (int i = 0; i < 4; i++) r.q[i] = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t*)p + 4 * i)));
+    return r;
+}
+inline void vstore_i8(int8_t* p, V16 a) {
+    const int16x8_t lo = vcombine_s16(vqmovn_s32(vcvtnq_s32_f32(a.q[0])), vqmovn_s32(vcvtnq_s32_f32(a.q[1])));
+    const int16x8_t hi = vcombine_s16(vqmovn_s32(vcvtnq_s32_f32(a.q[2])), vqmovn_s32(vcvtnq_s32_f32(a.q[3])));
+    vst1q_s8(p, vcombine_s8(vqmovn_s16(lo), vqmovn_s16(hi)));
+}
+
+#else  // SPECD_ISA_SCALAR
+
+constexpr int QDOT_TOKENS = 4;
+
+struct U4x16 {
+    const uint8_t* p;
+};
+inline void u4x16_load(const uint8_t* p, U4x16* u) { u->p = p; }
+inline V16 u4x16_dot(const U4x16& u, const Q8x32& x) {
+    int8_t q[32];
+    memcpy(q, x.w, 32);
+    V16 r;
+    for (int l = 0; l < 16; l++) {
+        int32_t s = 0;
+        for (int k = 0; k < 4; k++)
+            for (int c = 0; c < 4; c++) {
+                const uint8_t b = u.p[64 * k + 4 * l + c];
+                s += (b & 15) * q[4 * k + c] + (b >> 4) * q[16 + 4 * k + c];
+            }
+        r.f[l] = (float)s;
+    }
+    return r;
+}
+struct U8x16 {
+    const uint8_t* p;
+};
+inline void u8x16_load(const uint8_t* p, U8x16* u) { u->p = p; }
+inline V16 u8x16_dot(const U8x16& u, const Q8x32& x, int32_t xsum) {
+    (void)xsum;
+    int8_t q[32];
+    memcpy(q, x.w, 32);
+    V16 r;
+    for (int l = 0; l < 16; l++) {
+        int32_t s = 0;
+        for (int k = 0; k < 8; k++)
+            for (int c = 0; c < 4; c++) s += ((int32_t)u.p[64 * k + 4 * l + c] - 128) * q[4 * k + c];
+        r.f[l] = (float)s;
+    }
+    return r;
+}
+inline V16 vload_halves(const uint8_t* p) {
+    V16 r;
+    for (int i = 0; i < 16; i++) {
+        uint16_t h;
+        memcpy(&h, p + 2 * i, 2);
+        r.f[i] = half_to_float(h);
+    }
+    return r;
+}
+inline void vstore_i8(int8_t* p, V16 a) {
+    for (int i = 0; i < 16; i++) {
+        const float v = nearbyintf(a.f[i]);  // the default rounding: ties to even
+        p[i] = (int8_t)(v > 127.0f ? 127.0f : v < -128.0f ? -128.0f : v);
+    }
+}
+
+#endif
+
+}  // namespace specd
