@@ -96,11 +96,10 @@ def markdown(report: dict[str, Any]) -> str:
         lines += ["", "**Targets**:", "", "| target | value | goal | met |", "|---|---:|---:|---|"]
         for t in report["targets"]:
             op = "≥" if t["higher_is_better"] else "≤"
+            goal = "–" if t["goal"] is None else f"{op} {t['goal']}"
             met = "–" if t["met"] is None else ("yes" if t["met"] else "no")
             note = f" ({t['note']})" if t["note"] else ""
-            lines.append(
-                f"| {t['target']}{note} | {_f(t['value'], '.3f')} | {op} {t['goal']} | {met} |"
-            )
+            lines.append(f"| {t['target']}{note} | {_f(t['value'], '.3f')} | {goal} | {met} |")
     if report.get("skipped"):
         lines += [
             "",

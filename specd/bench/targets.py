@@ -37,9 +37,13 @@ def check_targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
 
     def add(
-        name: str, value: float | None, target: float, higher_is_better: bool, note: str = ""
+        name: str, value: float | None, target: float | None, higher_is_better: bool, note: str = ""
     ) -> None:
-        met = None if value is None else (value >= target if higher_is_better else value <= target)
+        """A row; ``target`` None: reported, with no goal to meet."""
+        if value is None or target is None:
+            met = None
+        else:
+            met = value >= target if higher_is_better else value <= target
         out.append(
             {
                 "target": name,
@@ -157,7 +161,14 @@ def check_targets(report: dict[str, Any]) -> list[dict[str, Any]]:
             for r in results
             if r.get("kind") == "specd" and r.get(key) is not None and r["drafter"] != "none"
         ]
-        if rates:
+        if not rates:
+            continue
+        if key == "identical_rate" and report["machine"].get("int8_products"):
+            # HF computes the float32 copy of the blocks; the step's int8 products round
+            # activations, so identity with it is not expected (plain decoding's is)
+            note = f"{dtype}; informational: int8 products against HF's float32 copy"
+            add(label, min(rates), None, True, note)
+        else:
             add(label, min(rates), TARGET_IDENTICAL, True, dtype)
     weights_mb = report["machine"].get("weight_bytes", 0) / 2**20
     spec_rss = [

@@ -78,11 +78,15 @@ class KernelStep:
             self.off = str(e)
 
     @property
+    def int8_products(self) -> bool:
+        """Whether its products over quantized weights round activations to int8."""
+        return self._kernel is not None and self._kernel.woven > 0
+
+    @property
     def tolerance(self) -> float:
         """How far its passes may be from the eager pass's (:func:`specd.forward.step.check`):
         further where Q4 products round activations to int8."""
-        woven = self._kernel is not None and self._kernel.woven
-        return step.INT8_TOLERANCE if woven else step.TOLERANCE
+        return step.INT8_TOLERANCE if self.int8_products else step.TOLERANCE
 
     #: what a passed check is remembered under (:func:`.pricing.check_passed`); None: check
     #: at every load
@@ -302,6 +306,12 @@ class CompiledStep:
     @property
     def ready(self) -> bool:
         return self.state == "ready"
+
+    @property
+    def int8_products(self) -> bool:
+        """Whether the passes it serves multiply quantized weights with int8 activations
+        (:mod:`.interleave`)."""
+        return self.ready and bool(getattr(self.chosen, "int8_products", False))
 
     def prepare(self, new_cache: Callable[[], KVCache], *, background: bool = False) -> None:
         """Prepare the backend on a scratch cache (:meth:`StepBackend.prepare`), then serve

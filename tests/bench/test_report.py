@@ -292,6 +292,15 @@ def test_targets_from_known_figures():
     ]
     notes = {t["target"]: t["note"] for t in targets.check_targets(report)}
     assert notes["best specd vs HF plain (x)"] == "specd-ngram-a"
+    # where the step's products are int8's, HF's float32 tokens are not expected: reported,
+    # with no goal; plain decoding's still are
+    report["machine"]["int8_products"] = True
+    rows = {t["target"]: t for t in targets.check_targets(report)}
+    hf = rows["token-identical rate vs HF greedy (worst specd config)"]
+    assert (hf["value"], hf["goal"], hf["met"]) == (0.95, None, None)
+    assert "int8" in hf["note"]
+    plain = rows["token-identical rate vs specd plain greedy (worst drafting config)"]
+    assert (plain["goal"], plain["met"]) == (targets.TARGET_IDENTICAL, True)
 
 
 def test_floor_spread_compiled_speedup_and_ttft_targets():

@@ -61,13 +61,11 @@ inline V16 u4x16_dot(const U4x16& u, const Q8x32& x) {
     }
     return {_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1))};
 #else
-    // pairs of products in 16 bits (|15 * 128 * 2| fits), then pairs of those in 32
-    const __m512i ones = _mm512_set1_epi16(1);
+    // pairs of products in 16 bits, summed there (|8 * 2 * 15 * 127| < 2^15), then in 32
     __m512i s = _mm512_setzero_si512();
     for (int j = 0; j < 8; j++)
-        s = _mm512_add_epi32(
-            s, _mm512_madd_epi16(_mm512_maddubs_epi16(u.w[j], _mm512_set1_epi32(x.w[j])), ones));
-    return {_mm512_cvtepi32_ps(s)};
+        s = _mm512_add_epi16(s, _mm512_maddubs_epi16(u.w[j], _mm512_set1_epi32(x.w[j])));
+    return {_mm512_cvtepi32_ps(_mm512_madd_epi16(s, _mm512_set1_epi16(1)))};
 #endif
 }
 // A block of signed bytes (stored plus 128), loaded once for every token.
@@ -117,26 +115,28 @@ struct U4x16 {
     const uint8_t* p;
 };
 inline void u4x16_load(const uint8_t* p, U4x16* u) { u->p = p; }
-// acc + the four-byte dot products of a (unsigned) and b (signed) in 32 bits.
-inline __m256i dot4(__m256i acc, __m256i a, __m256i b) {
-#if defined(__AVXVNNI__)
-    return _mm256_dpbusd_avx_epi32(acc, a, b);
-#else
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1)));
-#endif
-}
 inline V16 u4x16_dot(const U4x16& u, const Q8x32& x) {
     const __m256i low4 = _mm256_set1_epi8(15);
     __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();  // rows 0-7, 8-15
+#if defined(__AVXVNNI__)
+    auto add = [](__m256i acc, __m256i a, __m256i b) { return _mm256_dpbusd_avx_epi32(acc, a, b); };
+#else
+    // pairs of products in 16 bits, summed there (|8 * 2 * 15 * 127| < 2^15), then in 32
+    auto add = [](__m256i acc, __m256i a, __m256i b) { return _mm256_add_epi16(acc, _mm256_maddubs_epi16(a, b)); };
+#endif
     for (int k = 0; k < 4; k++) {
         const __m256i a = _mm256_loadu_si256((const __m256i*)(u.p + 64 * k));
         const __m256i b = _mm256_loadu_si256((const __m256i*)(u.p + 64 * k + 32));
         const __m256i xl = _mm256_set1_epi32(x.w[k]), xh = _mm256_set1_epi32(x.w[4 + k]);
-        lo = dot4(lo, _mm256_and_si256(a, low4), xl);
-        hi = dot4(hi, _mm256_and_si256(b, low4), xl);
-        lo = dot4(lo, _mm256_and_si256(_mm256_srli_epi16(a, 4), low4), xh);
-        hi = dot4(hi, _mm256_and_si256(_mm256_srli_epi16(b, 4), low4), xh);
+        lo = add(lo, _mm256_and_si256(a, low4), xl);
+        hi = add(hi, _mm256_and_si256(b, low4), xl);
+        lo = add(lo, _mm256_and_si256(_mm256_srli_epi16(a, 4), low4), xh);
+        hi = add(hi, _mm256_and_si256(_mm256_srli_epi16(b, 4), low4), xh);
     }
+#if !defined(__AVXVNNI__)
+    lo = _mm256_madd_epi16(lo, _mm256_set1_epi16(1));
+    hi = _mm256_madd_epi16(hi, _mm256_set1_epi16(1));
+#endif
     return {_mm256_cvtepi32_ps(lo), _mm256_cvtepi32_ps(hi)};
 }
 struct U8x16 {
