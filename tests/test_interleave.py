@@ -76,6 +76,20 @@ def test_the_woven_copy_holds_the_blocks_values_exactly(fmt):
     assert torch.equal(values, w.dequantize())
 
 
+@needs_kernel
+@pytest.mark.parametrize("fmt", ["q4_0", "q4_1", "q8_0"])
+def test_the_kernels_weave_as_the_reference_does(fmt):
+    w = _weight(fmt, rows=37)
+    if fmt == "q4_0":  # subnormal scales, small and large: -8 d normalised exactly
+        raw = w.data.view(37, 3, 18)
+        raw[0, 0, 0:2] = torch.tensor([0x07, 0x00], dtype=torch.uint8)
+        raw[1, 1, 0:2] = torch.tensor([0xFF, 0x83], dtype=torch.uint8)
+    want = interleave.reference(w)
+    assert want is not None
+    got = interleave.weave(w)
+    assert got is not None and torch.equal(got, want)
+
+
 def test_other_formats_and_unholdable_scales_are_not_woven():
     assert interleave.weave(_weight("q5_0")) is None and interleave.code(_weight("bf16")) is None
     w = _weight("q4_0")

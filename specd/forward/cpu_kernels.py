@@ -69,6 +69,7 @@ class _Library:
     step_work: Any
     dequantize: Any
     product: Any
+    weave: Any
     file: str  # the library's file name: the build's sources, flags and compiler, hashed
 
 
@@ -217,6 +218,17 @@ def dequantize(
     return out
 
 
+def weave(data_ptr: int, code: int, rows: int, cols: int, out: torch.Tensor) -> bool:
+    """Write the woven copy (:mod:`specd.forward.interleave`) of a Q4_0, Q4_1 or Q8_0 weight
+    (the step kernel's format ``code``) ``[rows, cols]`` at ``data_ptr`` into ``out`` (uint8,
+    contiguous, its size), on torch's threads (``specd_weave``).
+
+    :returns: False where a Q4_0 scale's ``-8 d`` overflows a half (``out`` unusable).
+    """
+    threads = torch.get_num_threads()
+    return _library().weave(data_ptr, code, rows, cols, out.data_ptr(), threads) == 0
+
+
 def product(
     x: torch.Tensor, data_ptr: int, code: int, rows: int, cols: int,
     bias: torch.Tensor | None = None,
@@ -338,7 +350,10 @@ def _open(lib: Path) -> _Library:
         raise RuntimeError(f"{lib} was built for another step size")
     dll.specd_kernel_isa.restype = ctypes.c_char_p
     isa = dll.specd_kernel_isa().decode()
-    return _Library(isa, fn, step, work, dequantize, product, lib.name)
+    weave = dll.specd_weave
+    weave.argtypes = [ptr, ctypes.c_int32, i64, i64, ptr, ctypes.c_int]
+    weave.restype = ctypes.c_int
+    return _Library(isa, fn, step, work, dequantize, product, weave, lib.name)
 
 
 def _reset() -> None:

@@ -764,6 +764,67 @@ void specd_product(const void* weight, int32_t format, int64_t N, int64_t K, con
     }
 }
 
+// The half -8 d of a half d, exactly; false where it overflows (or d is not finite).
+inline bool minus_eight(uint16_t d, uint16_t* out) {
+    const uint16_t sign = (uint16_t)((d ^ 0x8000u) & 0x8000u), e = (d >> 10) & 31, mant = d & 0x3FFu;
+    if (e != 0) {  // normal: the exponent up by 3
+        *out = (uint16_t)(sign | ((e + 3) << 10) | mant);
+        return e + 3 < 31;
+    }
+    uint32_t v = (uint32_t)mant << 3;  // subnormal: mant * 2^-24 * 8, in units of 2^-24
+    if (v < 1024) {
+        *out = (uint16_t)(sign | v);
+        return true;
+    }
+    int exp = 1;  // normalise: v * 2^-24 = (v / 2^(exp - 1)) * 2^(exp - 25), v in [1024, 2048)
+    while (v >= 2048) {
+        v >>= 1;  // exact: v = mant * 8 has three low zero bits
+        exp++;
+    }
+    *out = (uint16_t)(sign | (exp << 10) | (v - 1024));
+    return true;
+}
+
+// out = the woven copy (Q4X16 from Q4_0 or Q4_1 rows, Q8X16 from Q8_0 rows; see the
+// formats) of `rows` rows of K values stored as `format` at `blocks`: ceil(rows / 16) groups,
+// the rows past the last zeros. Returns 0, or -1 where a Q4_0 scale's -8 d overflows a half
+// (the copy is then not usable).
+int specd_weave(const void* blocks, int32_t format, int64_t rows, int64_t K, uint8_t* out,
+                int threads) {
+    const int64_t nb = K / 32, groups = (rows + 15) / 16;
+    const int64_t bytes = format == Q8_0 ? WovenQ8::BYTES : WovenQ4::BYTES;
+    const int64_t in = format == Q8_0 ? 34 : format == Q4_1 ? 20 : 18;
+    int bad = 0;
+#pragma omp parallel for num_threads(threads) schedule(static) reduction(| : bad)
+    for (int64_t g = 0; g < groups; g++)
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t* o = out + (g * nb + b) * bytes;
+            memset(o, 0, bytes);
+            for (int64_t l = 0; l < 16 && 16 * g + l < rows; l++) {
+                const uint8_t* blk = (const uint8_t*)blocks + ((16 * g + l) * nb + b) * in;
+                if (format == Q8_0) {
+                    for (int k = 0; k < 8; k++)
+                        for (int c = 0; c < 4; c++) o[64 * k + 4 * l + c] = blk[2 + 4 * k + c] ^ 0x80;
+                    memcpy(o + 512 + 2 * l, blk, 2);
+                    continue;
+                }
+                const uint8_t* qs = blk + (format == Q4_1 ? 4 : 2);
+                for (int k = 0; k < 4; k++) memcpy(o + 64 * k + 4 * l, qs + 4 * k, 4);
+                memcpy(o + 256 + 2 * l, blk, 2);
+                if (format == Q4_1) {
+                    memcpy(o + 288 + 2 * l, blk + 2, 2);
+                } else {  // Q4_0: m = -8 d
+                    uint16_t d;
+                    memcpy(&d, blk, 2);
+                    uint16_t m;
+                    if (!minus_eight(d, &m)) bad = 1;
+                    memcpy(o + 288 + 2 * l, &m, 2);
+                }
+            }
+        }
+    return bad ? -1 : 0;
+}
+
 // The instruction set this library was built for: "avx512", "avx2", "neon" or "scalar".
 const char* specd_kernel_isa() { return specd::ISA; }
 
