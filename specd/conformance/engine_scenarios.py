@@ -45,8 +45,9 @@ def conformance_target(weights: str = "f32") -> Target:
     model's. The ``draft_model`` drafter's ``tiny:0`` (the same weights, scaled less) is a
     flatter draft model of it.
 
-    :param weights: ``f32`` for those float weights; ``bf16``, ``q8`` or ``q4`` for the same
-        model with its matrices stored as blocks of that format, computing in float32
+    :param weights: ``f32`` for those float weights; ``bf16``, ``q8`` or ``q4`` for such a
+        model (twice as wide, so the step kernel takes it and its int8 products run) with
+        its matrices stored as blocks of that format, computing in float32
         (:func:`specd.forward.tiny.tiny_blocks_target`): its law is then enumerated from
         the quantized target itself, so the checks are of the engine on those weights.
     """

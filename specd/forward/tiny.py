@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from ..errors import BadInputError
+from . import cpu_kernels
 from .target import Target
 
 #: The model name :func:`specd.models.load_target` reads as a tiny target: ``tiny`` or
@@ -91,6 +92,10 @@ def tiny_target(vocab_size: int = 96, *, eos_token_id: int | None = None, **kwar
     return Target(model, CharTokenizer(vocab_size, eos_token_id=eos_token_id), name="tiny")
 
 
+#: The hidden size of :func:`tiny_blocks_target`: 16-wide heads, a shape the step kernel takes.
+BLOCKS_HIDDEN = 64
+
+
 def tiny_blocks_target(
     vocab_size: int, weights: str, *, seed: int = 0, logit_scale: float = 1.0
 ) -> Target:
@@ -98,7 +103,8 @@ def tiny_blocks_target(
     and the LM head) stored as blocks of ``weights``' format (``bf16``, ``q8`` or ``q4``,
     :data:`specd.forward.weights.QUANTIZED`), quantized from their float32 values, as
     ``--weights`` quantizes a checkpoint on load; norms stay float32 and it computes in
-    float32, on the lean forward (:class:`~specd.forward.lean_model.LeanCausalLM`)."""
+    float32, on the lean forward (:class:`~specd.forward.lean_model.LeanCausalLM`), its
+    passes through the step kernel where the kernels run. :data:`BLOCKS_HIDDEN` wide."""
     from . import lean_model
     from . import weights as stored
 
@@ -108,7 +114,9 @@ def tiny_blocks_target(
             f"not {weights!r}"
         )
     name = f"{NAME}:{seed}"
-    model = tiny_model(vocab_size, seed=seed, logit_scale=logit_scale)
+    # 16-wide heads: a shape the step kernel takes, so its passes (the int8 products over
+    # woven Q4 and Q8 blocks) are what the engine runs on it, as on a real model's blocks
+    model = tiny_model(vocab_size, hidden_size=BLOCKS_HIDDEN, seed=seed, logit_scale=logit_scale)
     tensors = {k: v.to(torch.float32) for k, v in model.state_dict().items()}
     cfg = lean_model.LeanConfig(model.config.to_dict())
     lm = lean_model.LeanCausalLM(stored.quantize(tensors, weights, name), cfg, Path(name))
@@ -116,7 +124,10 @@ def tiny_blocks_target(
     # stops at no token.
     lm.generation_config = lean_model.GenerationDefaults({})
     # Blocks run only on the lean forward, whatever SPECD_FASTPATH says.
-    return Target(lm.eval(), CharTokenizer(vocab_size), name=name, fast=True)
+    target = Target(lm.eval(), CharTokenizer(vocab_size), name=name, fast=True)
+    if cpu_kernels.available():
+        target.compile("on", backend="kernel")
+    return target
 
 
 def is_tiny(model: str) -> bool:
