@@ -170,3 +170,32 @@ def test_the_bench_names_the_build_its_kernels_ran(monkeypatch):
     monkeypatch.undo()
     if cpu_kernels.available():
         assert machine_info(target)["isa"] == cpu_kernels.isa() != "none"
+
+
+def test_a_compiler_without_the_dot_product_flags_builds_without_them(
+    tmp_path, monkeypatch, caplog
+):
+    """On a CPU with an int8 dot product, a compiler that refuses its flag (too old) still
+    builds the kernels, without it, saying so."""
+    cxx = shutil.which("c++") or shutil.which("g++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    fake = tmp_path / "old-cxx"
+    fake.write_text(
+        '#!/bin/sh\nfor a in "$@"; do case "$a" in -mavx512vnni|-mavxvnni|-march=armv8.2*)'
+        ' echo "unrecognized command-line option $a" >&2; exit 1;; esac; done\n'
+        f'exec {cxx} "$@"\n'
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("CXX", str(fake))
+    monkeypatch.setenv("SPECD_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(
+        kernel_build, "cpu_features", lambda: {"avx512_vnni", "avx_vnni", "asimddp"}
+    )
+    isa = "scalar"  # any build: its dot flags are faked in, and the fake refuses them
+    monkeypatch.setitem(kernel_build.DOT_FLAGS, isa, ("avx512_vnni", ("-mavx512vnni",)))
+    with caplog.at_level(logging.WARNING, logger="specd.forward.cpu_kernels"):
+        lib = kernel_build.build(isa)
+    assert lib.exists()
+    assert "without the int8 dot product's flags" in caplog.text
+    assert "-mavx512vnni" not in " ".join(kernel_build.command(cxx, isa, "", dot=False))

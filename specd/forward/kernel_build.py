@@ -141,31 +141,45 @@ def cpu_features() -> set[str]:
     return set()
 
 
-def isa_flags(isa: str) -> tuple[str, ...]:
-    """``isa``'s compiler flags on this CPU: :data:`ISA_FLAGS`, and the int8 dot product's
-    (:data:`DOT_FLAGS`) where this CPU has it."""
+def isa_flags(isa: str, dot: bool = True) -> tuple[str, ...]:
+    """``isa``'s compiler flags on this CPU: :data:`ISA_FLAGS`, and with ``dot`` the int8 dot
+    product's (:data:`DOT_FLAGS`) where this CPU has it."""
     feature, extra = DOT_FLAGS.get(isa, ("", ()))
-    return ISA_FLAGS[isa] + (extra if feature and feature in cpu_features() else ())
+    has = dot and feature and feature in cpu_features()
+    return ISA_FLAGS[isa] + (extra if has else ())
 
 
-def command(cxx: str, isa: str, out: str, sources: tuple[Path, ...] = SOURCES) -> list[str]:
+def command(
+    cxx: str, isa: str, out: str, sources: tuple[Path, ...] = SOURCES, dot: bool = True
+) -> list[str]:
     """The compiler's command line that builds ``sources`` for ``isa`` into ``out``."""
     define = f"-DSPECD_ISA_{isa.upper()}"
-    return [cxx, *FLAGS, *isa_flags(isa), define, *map(str, sources), "-o", out]
+    return [cxx, *FLAGS, *isa_flags(isa, dot), define, *map(str, sources), "-o", out]
 
 
 def build(isa: str) -> Path:
     """The library of the kernels built for ``isa``, built now unless already cached (a line
-    is logged before a build starts).
+    is logged before a build starts). Where the build with the dot product's flags fails (a
+    compiler too old for them), it is built without them.
 
     :raises Unavailable: no compiler; RuntimeError: the build failed.
     """
+    try:
+        return _build(isa, dot=True)
+    except RuntimeError as e:
+        if isa_flags(isa, dot=True) == isa_flags(isa, dot=False):
+            raise
+        log.warning("building without the int8 dot product's flags: %s", str(e)[-300:])
+        return _build(isa, dot=False)
+
+
+def _build(isa: str, dot: bool) -> Path:
     cxx = compiler()
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30)
     key = hashlib.sha256()
     for part in (
         *(f.read_bytes() for f in (*SOURCES, *HEADERS)),
-        " ".join(command(cxx, isa, "")).encode(),
+        " ".join(command(cxx, isa, "", dot=dot)).encode(),
         version.stdout.encode(),
     ):
         key.update(part)
@@ -182,7 +196,9 @@ def build(isa: str) -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=where)
     os.close(fd)
     try:
-        done = subprocess.run(command(cxx, isa, tmp), capture_output=True, text=True, timeout=300)
+        done = subprocess.run(
+            command(cxx, isa, tmp, dot=dot), capture_output=True, text=True, timeout=300
+        )
         if done.returncode != 0:
             raise RuntimeError(f"{cxx} failed: {done.stderr.strip()[-2000:]}")
         os.replace(tmp, lib)  # atomic: another process building it at once is harmless
