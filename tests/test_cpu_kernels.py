@@ -145,8 +145,11 @@ def test_small_passes_and_other_shapes_stay_with_pytorch():
 
 @pytest.fixture
 def fresh_kernel(monkeypatch, tmp_path):
-    """The kernel forgotten and rebuilt into an empty cache directory; restored after."""
+    """The kernel forgotten and rebuilt into an empty cache directory, chosen as by default
+    (whatever SPECD_KERNEL_ISA or SPECD_CPU_KERNELS the run was started with); restored after."""
     monkeypatch.setenv("SPECD_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("SPECD_KERNEL_ISA", raising=False)
+    monkeypatch.delenv("SPECD_CPU_KERNELS", raising=False)
     cpu_kernels._reset()
     yield tmp_path
     monkeypatch.undo()

@@ -35,6 +35,7 @@ def test_the_best_build_this_cpu_runs_is_chosen(monkeypatch, machine, capability
     instruction), and against an AVX2 laptop or an ARM64 machine left to PyTorch."""
     _host(monkeypatch, machine, capability)
     monkeypatch.delenv("SPECD_KERNEL_ISA", raising=False)
+    monkeypatch.delenv("SPECD_CPU_KERNELS", raising=False)
     assert kernel_build.runnable() == runs
     assert kernel_build.choose() == chosen
 
