@@ -276,6 +276,12 @@ inline void prefetch_ahead(const uint8_t* w, int64_t rb, int64_t b) {
 // llama.cpp's quantized products do: per block and row, (d * sum(q * xq)) * dx, plus m *
 // (the sum of the block's activations) for Q4X16. Each token's arithmetic is its own,
 // whatever the tokens beside it.
+inline float half_at(const uint8_t* p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return half_to_float(h);
+}
+
 struct WovenQ4 {
     static constexpr int64_t BYTES = 320;
     using U = U4x16;
@@ -284,6 +290,11 @@ struct WovenQ4 {
     static V16 scale(const uint8_t* p) { return vload_halves(p + 256); }
     static V16 low(const uint8_t* p) { return vload_halves(p + 288); }
     static constexpr bool LOW = true;  // an offset m
+    // value j of row l, as a float32 copy holds it: d * q + m, one rounding
+    static float value(const uint8_t* p, int l, int j) {
+        const uint8_t q = p[64 * (j % 16 / 4) + 4 * l + j % 4];
+        return fmaf(half_at(p + 256 + 2 * l), (float)(j < 16 ? q & 15 : q >> 4), half_at(p + 288 + 2 * l));
+    }
 };
 struct WovenQ8 {
     static constexpr int64_t BYTES = 544;
@@ -293,6 +304,9 @@ struct WovenQ8 {
     static V16 scale(const uint8_t* p) { return vload_halves(p + 512); }
     static V16 low(const uint8_t*) { return vzero(); }
     static constexpr bool LOW = false;
+    static float value(const uint8_t* p, int l, int j) {  // d * q, exact
+        return half_at(p + 512 + 2 * l) * (float)((int)p[64 * (j / 4) + 4 * l + j % 4] - 128);
+    }
 };
 
 // T tokens' activations as int8: token i's block b of 32 values at q + i * K + 32 b, rounded
@@ -696,40 +710,21 @@ int64_t specd_decode_step_max_tokens() { return MAX_T; }
 // exact values the step multiplies with: a prefill's products on a float copy, made once.
 void specd_dequantize(const void* weight, int32_t format, int64_t rows, int64_t K, float* out,
                       int threads) {
-    if (format == Q4X16) {  // row l of group g: its nibbles in qdot.h's order, then d and m
+    auto woven = [&](auto fmt) {  // row l of group g's block b, value j: F::value
+        using F = decltype(fmt);
         const int64_t nb = K / 32;
 #pragma omp parallel for num_threads(threads) schedule(static)
         for (int64_t r = 0; r < rows; r++)
             for (int64_t b = 0; b < nb; b++) {
-                const uint8_t* p = (const uint8_t*)weight + ((r / 16) * nb + b) * WovenQ4::BYTES;
-                const int64_t l = r % 16;
-                uint16_t h[2];
-                memcpy(&h[0], p + 256 + 2 * l, 2);
-                memcpy(&h[1], p + 288 + 2 * l, 2);
-                const float d = half_to_float(h[0]), m = half_to_float(h[1]);
-                float* o = out + r * K + 32 * b;
-                for (int k = 0; k < 4; k++)
-                    for (int c = 0; c < 4; c++) {
-                        const uint8_t q = p[64 * k + 4 * l + c];
-                        o[4 * k + c] = fmaf(d, (float)(q & 15), m);
-                        o[16 + 4 * k + c] = fmaf(d, (float)(q >> 4), m);
-                    }
+                const uint8_t* p = (const uint8_t*)weight + ((r / 16) * nb + b) * F::BYTES;
+                for (int j = 0; j < 32; j++) out[r * K + 32 * b + j] = F::value(p, (int)(r % 16), j);
             }
-        return;
-    }
-    if (format == Q8X16) {  // row l of group g: its bytes (q + 128) in qdot.h's order, then d
-        const int64_t nb = K / 32;
-#pragma omp parallel for num_threads(threads) schedule(static)
-        for (int64_t r = 0; r < rows; r++)
-            for (int64_t b = 0; b < nb; b++) {
-                const uint8_t* p = (const uint8_t*)weight + ((r / 16) * nb + b) * WovenQ8::BYTES;
-                const int64_t l = r % 16;
-                uint16_t h;
-                memcpy(&h, p + 512 + 2 * l, 2);
-                const float d = half_to_float(h);
-                for (int k = 0; k < 8; k++)
-                    for (int c = 0; c < 4; c++) out[r * K + 32 * b + 4 * k + c] = d * (float)((int)p[64 * k + 4 * l + c] - 128);
-            }
+    };
+    if (format == Q4X16 || format == Q8X16) {
+        if (format == Q4X16)
+            woven(WovenQ4{});
+        else
+            woven(WovenQ8{});
         return;
     }
     auto run = [&](auto fmt) {
