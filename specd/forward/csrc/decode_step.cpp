@@ -284,9 +284,10 @@ inline float half_at(const uint8_t* p) {
 
 struct WovenQ4 {
     static constexpr int64_t BYTES = 320;
-    using U = U4x16;
-    static void load(const uint8_t* p, U* u) { u4x16_load(p, u); }
-    static V16 dot(const U& u, const Q8x32& x, int32_t) { return u4x16_dot(u, x); }
+    template <int NT>
+    static void dots(const uint8_t* p, const int8_t* const* xs, const int32_t*, V16* out) {
+        u4x16_dots<NT>(p, xs, out);
+    }
     static V16 scale(const uint8_t* p) { return vload_halves(p + 256); }
     static V16 low(const uint8_t* p) { return vload_halves(p + 288); }
     static constexpr bool LOW = true;  // an offset m
@@ -298,9 +299,10 @@ struct WovenQ4 {
 };
 struct WovenQ8 {
     static constexpr int64_t BYTES = 544;
-    using U = U8x16;
-    static void load(const uint8_t* p, U* u) { u8x16_load(p, u); }
-    static V16 dot(const U& u, const Q8x32& x, int32_t xsum) { return u8x16_dot(u, x, xsum); }
+    template <int NT>
+    static void dots(const uint8_t* p, const int8_t* const* xs, const int32_t* xsums, V16* out) {
+        u8x16_dots<NT>(p, xs, xsums, out);
+    }
     static V16 scale(const uint8_t* p) { return vload_halves(p + 512); }
     static V16 low(const uint8_t*) { return vzero(); }
     static constexpr bool LOW = false;
@@ -358,13 +360,18 @@ inline void woven_group(const uint8_t* G, const Acts& a, int64_t i0, V16* acc, b
     for (int64_t b = 0; b < a.nb; b++, p += F::BYTES) {
         if (fetch)
             for (int64_t c = 0; c < F::BYTES; c += 64) specd::prefetch(p + PREFETCH_AHEAD + c);
-        typename F::U u;
-        F::load(p, &u);
+        const int8_t* xs[NT];
+        int32_t xsums[NT];
+        for (int i = 0; i < NT; i++) {
+            xs[i] = a.q + (i0 + i) * a.K + 32 * b;
+            xsums[i] = a.n[(i0 + i) * a.nb + b];
+        }
+        V16 sums[NT];
+        F::template dots<NT>(p, xs, xsums, sums);
         const V16 d = F::scale(p), m = F::low(p);
         for (int i = 0; i < NT; i++) {
             const int64_t t = (i0 + i) * a.nb + b;
-            const V16 sums = F::dot(u, q8x32(a.q + (i0 + i) * a.K + 32 * b), a.n[t]);
-            acc[i] = vfma(vmul(sums, d), vset1(a.d[t]), acc[i]);
+            acc[i] = vfma(vmul(sums[i], d), vset1(a.d[t]), acc[i]);
             if (F::LOW) acc[i] = vfma(m, vset1(a.s[t]), acc[i]);
         }
     }

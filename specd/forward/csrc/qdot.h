@@ -109,62 +109,81 @@ inline void vstore_i8(int8_t* p, V16 a) {
 
 #elif defined(SPECD_ISA_AVX2)
 
-constexpr int QDOT_TOKENS = 4;  // sixteen registers: the block is read from L1 for each token
+constexpr int QDOT_TOKENS = 4;  // tokens a product's block of weights serves at once
 
-struct U4x16 {
-    const uint8_t* p;
-};
-inline void u4x16_load(const uint8_t* p, U4x16* u) { u->p = p; }
-inline V16 u4x16_dot(const U4x16& u, const Q8x32& x) {
+// Sixteen registers hold neither a whole unpacked block nor eight tokens' sums beside it, so
+// the products go by quarters of a block: 32 bytes of nibbles (eight rows' values 4 k .. 4 k
+// + 3 and 16 + 4 k .. 19 + 4 k) are unpacked once and multiplied with each token's
+// activations, broadcast from memory (a load, no arithmetic), into the token's 16-bit sums:
+// per token and block 16 multiplies and 16 adds, the unpacking shared.
+#define SPECD_QDOT_BATCHED 1
+
+inline __m256i x4_at(const int8_t* x, int k) {  // activations 4 k .. 4 k + 3 in every word
+    int32_t w;
+    memcpy(&w, x + 4 * k, 4);
+    return _mm256_set1_epi32(w);
+}
+
+// out[i]: the block at p times token i's 32 activations xs[i], the 16 rows' sums as floats.
+template <int NT>
+inline void u4x16_dots(const uint8_t* p, const int8_t* const* xs, V16* out) {
     const __m256i low4 = _mm256_set1_epi8(15);
-    __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();  // rows 0-7, 8-15
+    for (int h = 0; h < 2; h++) {  // rows 0-7, then 8-15
+        __m256i s[NT];
+        for (int i = 0; i < NT; i++) s[i] = _mm256_setzero_si256();
+        for (int k = 0; k < 4; k++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i*)(p + 64 * k + 32 * h));
+            const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+            for (int i = 0; i < NT; i++) {
 #if defined(__AVXVNNI__)
-    auto add = [](__m256i acc, __m256i a, __m256i b) { return _mm256_dpbusd_avx_epi32(acc, a, b); };
+                s[i] = _mm256_dpbusd_avx_epi32(s[i], lo, x4_at(xs[i], k));
+                s[i] = _mm256_dpbusd_avx_epi32(s[i], hi, x4_at(xs[i], 4 + k));
 #else
-    // pairs of products in 16 bits, summed there (|8 * 2 * 15 * 127| < 2^15), then in 32
-    auto add = [](__m256i acc, __m256i a, __m256i b) { return _mm256_add_epi16(acc, _mm256_maddubs_epi16(a, b)); };
+                // pairs of products in 16 bits, summed there (|8 * 2 * 15 * 127| < 2^15)
+                s[i] = _mm256_add_epi16(s[i], _mm256_maddubs_epi16(lo, x4_at(xs[i], k)));
+                s[i] = _mm256_add_epi16(s[i], _mm256_maddubs_epi16(hi, x4_at(xs[i], 4 + k)));
 #endif
-    for (int k = 0; k < 4; k++) {
-        const __m256i a = _mm256_loadu_si256((const __m256i*)(u.p + 64 * k));
-        const __m256i b = _mm256_loadu_si256((const __m256i*)(u.p + 64 * k + 32));
-        const __m256i xl = _mm256_set1_epi32(x.w[k]), xh = _mm256_set1_epi32(x.w[4 + k]);
-        lo = add(lo, _mm256_and_si256(a, low4), xl);
-        hi = add(hi, _mm256_and_si256(b, low4), xl);
-        lo = add(lo, _mm256_and_si256(_mm256_srli_epi16(a, 4), low4), xh);
-        hi = add(hi, _mm256_and_si256(_mm256_srli_epi16(b, 4), low4), xh);
-    }
+            }
+        }
+        for (int i = 0; i < NT; i++) {
 #if !defined(__AVXVNNI__)
-    lo = _mm256_madd_epi16(lo, _mm256_set1_epi16(1));
-    hi = _mm256_madd_epi16(hi, _mm256_set1_epi16(1));
+            s[i] = _mm256_madd_epi16(s[i], _mm256_set1_epi16(1));
 #endif
-    return {_mm256_cvtepi32_ps(lo), _mm256_cvtepi32_ps(hi)};
-}
-struct U8x16 {
-    const uint8_t* p;
-};
-inline void u8x16_load(const uint8_t* p, U8x16* u) { u->p = p; }
-// acc + the four-byte dot products of a (unsigned, any of 0..255) and b (signed).
-inline __m256i dot4_u8(__m256i acc, __m256i a, __m256i b) {
-#if defined(__AVXVNNI__)
-    return _mm256_dpbusd_avx_epi32(acc, a, b);
-#else
-    // the low seven bits and the top bit apart: pairs of products fit 16 bits
-    const __m256i ones = _mm256_set1_epi16(1);
-    const __m256i lo = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(a, _mm256_set1_epi8(127)), b), ones);
-    const __m256i top = _mm256_and_si256(_mm256_srli_epi16(a, 7), _mm256_set1_epi8(1));
-    const __m256i hi = _mm256_madd_epi16(_mm256_maddubs_epi16(top, b), ones);
-    return _mm256_add_epi32(acc, _mm256_add_epi32(lo, _mm256_slli_epi32(hi, 7)));
-#endif
-}
-inline V16 u8x16_dot(const U8x16& u, const Q8x32& x, int32_t xsum) {
-    __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
-    for (int k = 0; k < 8; k++) {
-        const __m256i xk = _mm256_set1_epi32(x.w[k]);
-        lo = dot4_u8(lo, _mm256_loadu_si256((const __m256i*)(u.p + 64 * k)), xk);
-        hi = dot4_u8(hi, _mm256_loadu_si256((const __m256i*)(u.p + 64 * k + 32)), xk);
+            (h ? out[i].hi : out[i].lo) = _mm256_cvtepi32_ps(s[i]);
+        }
     }
-    const __m256i bias = _mm256_set1_epi32(128 * xsum);
-    return {_mm256_cvtepi32_ps(_mm256_sub_epi32(lo, bias)), _mm256_cvtepi32_ps(_mm256_sub_epi32(hi, bias))};
+}
+// out[i]: the block of signed bytes (stored plus 128) at p times token i's activations xs[i],
+// whose own sum is xsums[i].
+template <int NT>
+inline void u8x16_dots(const uint8_t* p, const int8_t* const* xs, const int32_t* xsums, V16* out) {
+    const __m256i flip = _mm256_set1_epi8((char)0x80);
+    for (int h = 0; h < 2; h++) {
+        __m256i s[NT];
+        for (int i = 0; i < NT; i++) s[i] = _mm256_setzero_si256();
+        for (int k = 0; k < 8; k++) {
+            const __m256i u = _mm256_loadu_si256((const __m256i*)(p + 64 * k + 32 * h));
+#if defined(__AVXVNNI__)
+            for (int i = 0; i < NT; i++) s[i] = _mm256_dpbusd_avx_epi32(s[i], u, x4_at(xs[i], k));
+#else
+            // the signed values back (xor 0x80), then |q| times x with q's sign: a pair of
+            // such products fits 16 bits (2 * 128 * 127 < 2^15), each pair summed in 32
+            const __m256i q = _mm256_xor_si256(u, flip), a = _mm256_abs_epi8(q);
+            for (int i = 0; i < NT; i++) {
+                const __m256i pairs = _mm256_maddubs_epi16(a, _mm256_sign_epi8(x4_at(xs[i], k), q));
+                s[i] = _mm256_add_epi32(s[i], _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+            }
+#endif
+        }
+        for (int i = 0; i < NT; i++) {
+#if defined(__AVXVNNI__)
+            s[i] = _mm256_sub_epi32(s[i], _mm256_set1_epi32(128 * xsums[i]));
+#else
+            (void)xsums;
+#endif
+            (h ? out[i].hi : out[i].lo) = _mm256_cvtepi32_ps(s[i]);
+        }
+    }
 }
 inline V16 vload_halves(const uint8_t* p) {
     return {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)),
@@ -302,6 +321,23 @@ inline void vstore_i8(int8_t* p, V16 a) {
     }
 }
 
+#endif
+
+#if !defined(SPECD_QDOT_BATCHED)
+// out[i]: the block at p times token i's 32 activations xs[i] (the block unpacked once).
+template <int NT>
+inline void u4x16_dots(const uint8_t* p, const int8_t* const* xs, V16* out) {
+    U4x16 u;
+    u4x16_load(p, &u);
+    for (int i = 0; i < NT; i++) out[i] = u4x16_dot(u, q8x32(xs[i]));
+}
+// out[i]: the block of signed bytes at p times token i's activations xs[i], whose sum is xsums[i].
+template <int NT>
+inline void u8x16_dots(const uint8_t* p, const int8_t* const* xs, const int32_t* xsums, V16* out) {
+    U8x16 u;
+    u8x16_load(p, &u);
+    for (int i = 0; i < NT; i++) out[i] = u8x16_dot(u, q8x32(xs[i]), xsums[i]);
+}
 #endif
 
 }  // namespace specd
