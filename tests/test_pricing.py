@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
+import torch
 from specd.plugins.ngram import NgramDrafter
 from specd.plugins.policies import AdaptivePolicy
 
@@ -284,3 +285,53 @@ def test_a_remembered_value_is_computed_once_per_model(monkeypatch, tmp_path):
     assert calls == ["first", "other"]
     monkeypatch.setenv("SPECD_PRICE_CACHE", "off")
     assert value(a, "off") == "off"
+
+
+def test_passes_are_priced_over_an_editor_prompt_computing_a_few_positions(monkeypatch):
+    """Guards against pricing over a short cache: on blocks the cached keys and values are
+    a third of what a step reads at 1k tokens and every token of a pass attends over them
+    all (on an AVX2 host a 2-token pass priced 1.02 steps over 256 cached tokens costs 1.21
+    over 1k, and the exit policy drafted where it did not pay); and against computing the
+    whole scratch prompt to price it."""
+    lengths, prefilled = [], []
+    real = pricing.measure
+    monkeypatch.setattr(
+        pricing,
+        "measure",
+        lambda f, cache, *a, **k: lengths.append(cache.length) or real(f, cache, *a, **k),
+    )
+    target = tiny_target(40, num_layers=1, seed=2)
+    real_prefill = target.prefill
+    monkeypatch.setattr(
+        target,
+        "prefill",
+        lambda cache, tokens, *a, **k: (
+            prefilled.append(len(tokens)) or real_prefill(cache, tokens, *a, **k)
+        ),
+    )
+    target.price_passes()
+    context = min(pricing.PRICE_CONTEXT, target.max_positions - 2 * PRICE_TOKENS[-1])
+    assert context >= 1024 and lengths == [context]
+    assert prefilled == [pricing.PRICE_SEED]
+
+
+def test_fill_repeats_the_computed_keys_and_values():
+    """Guards against a scratch cache whose length says more than its buffers hold, and
+    against a fill that writes past the positions it counts."""
+    target = tiny_target(40, num_layers=2, seed=2)
+    cache = target.new_cache(capacity=4)
+    target.prefill(cache, [3, 1, 4])
+    before = [(cache.layer(i).keys.clone(), cache.layer(i).values.clone()) for i in range(2)]
+    pricing.fill(cache, 8)
+    assert cache.length == 8
+    for i, (k, v) in enumerate(before):
+        keys, values = cache.layer(i).keys, cache.layer(i).values
+        assert keys.shape[2] == 8
+        for start in (0, 3, 6):
+            n = min(3, 8 - start)
+            assert torch.equal(keys[:, :, start : start + n], k[:, :, :n])
+            assert torch.equal(values[:, :, start : start + n], v[:, :, :n])
+    target.forward(cache, [2])  # a pass on top of it sees the positions it counts
+    assert cache.length == 9
+    with pytest.raises(BadInputError, match="must hold a position"):
+        pricing.fill(target.new_cache(capacity=4), 8)

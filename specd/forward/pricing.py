@@ -35,9 +35,13 @@ log = logging.getLogger(__name__)
 
 #: Pass widths priced: the pending token and drafts of 1, 3, 7 and 15 tokens.
 PRICE_TOKENS = (1, 2, 4, 8, 16)
-#: Cached tokens the priced passes attend over (an editor's prompt is longer, but at this
-#: model size a step reads the weights far more than the cache).
-PRICE_CONTEXT = 256
+#: Cached tokens the priced passes attend over: an editor's prompt (on weights read as
+#: blocks the cached keys and values are a third of what a step reads at 1k tokens, and each
+#: token of a pass attends over all of them, so a pass priced over a short cache is priced low).
+PRICE_CONTEXT = 1024
+#: Tokens actually computed into the scratch cache; the rest of :data:`PRICE_CONTEXT` repeats
+#: their keys and values (a pass's time does not depend on what it attends over).
+PRICE_SEED = 64
 #: Timed rounds over every width, after one warm-up round.
 ROUNDS = 7
 #: How long a saved table is used before it is measured again (a week).
@@ -139,6 +143,25 @@ def _no_sync() -> None:
     pass
 
 
+@torch.inference_mode()
+def fill(cache: KVCache, length: int) -> None:
+    """Extend ``cache`` (holding at least one position) to ``length`` positions by repeating
+    its keys and values: a scratch cache as long as a real prompt's, for the price of
+    computing a few of them."""
+    have = cache.length
+    if have < 1:
+        raise BadInputError("a cache to fill must hold a position")
+    buffers = cache.buffers(length)
+    if buffers is None or length <= have:
+        return
+    for k, v in buffers:
+        for start in range(have, length, have):
+            n = min(have, length - start)
+            k[:, :, start : start + n] = k[:, :, :n]
+            v[:, :, start : start + n] = v[:, :, :n]
+    cache.advance(length - have)
+
+
 def key(target: Any, serving: str) -> dict:
     """What a saved table must match: ``target``'s model and shape, the backend that serves
     its passes, the threads, the kernel's build (its instruction set, and its library, whose
@@ -154,6 +177,7 @@ def key(target: Any, serving: str) -> dict:
         "isa": cpu_kernels.isa() if serving == "kernel" else "",
         "library": cpu_kernels.library_file() if serving == "kernel" else "",
         "int8 products": serving == "kernel" and interleave.enabled(),
+        "context": PRICE_CONTEXT,
         "cpu": _cpu_name(), "torch": torch.__version__,
     }  # fmt: skip
 
