@@ -3,6 +3,8 @@ attended the way the tree says, on both paths."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -382,6 +384,7 @@ def test_a_long_prefill_on_blocks_multiplies_by_prepacked_values(monkeypatch):
     if not products.packable():
         pytest.skip("this torch build has no oneDNN prepacked linear")
     target = tiny_blocks_target(VOCAB, "q8", seed=3)
+    target.fast._block_prefill = True  # type: ignore[union-attr]  # whichever measured faster
     prompt = [(5 * i + 1) % VOCAB for i in range(300)]  # past STEP_PREFILL_TOKENS
     packed = []
     real = products.pack
@@ -398,6 +401,42 @@ def test_a_long_prefill_on_blocks_multiplies_by_prepacked_values(monkeypatch):
         torch.testing.assert_close(
             fast.layer(i).values, plain.layer(i).values, rtol=1e-5, atol=1e-5
         )
+
+
+@pytest.mark.parametrize("slow", [True, False])
+def test_a_prefill_on_blocks_multiplies_the_way_that_measured_faster(monkeypatch, tmp_path, slow):
+    """Guards against a choice of products that keeps the slower one (the verdict read the
+    wrong way round) or measures anew for every decoder, so that two decoders of one model
+    compute different caches: the products of ``slow`` (prepacked or not) are made slower
+    here, the other kind is chosen, kept, and read back by a fresh process's decoder."""
+    from specd.forward.tiny import tiny_blocks_target
+
+    if not products.packable():
+        pytest.skip("this torch build has no oneDNN prepacked linear")
+    monkeypatch.setenv("SPECD_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("SPECD_PRICE_CACHE", "on")
+    monkeypatch.setattr(weight_products, "_BLOCK_PREFILL", {})
+    real_mlp, timed = fastpath.FastDecoder.mlp, []
+
+    def mlp(self, *args):
+        timed.append(self._block_prefill)
+        if self._block_prefill == slow:
+            time.sleep(0.02)
+        return real_mlp(self, *args)
+
+    monkeypatch.setattr(fastpath.FastDecoder, "mlp", mlp)
+    fast = tiny_blocks_target(VOCAB, "q8", seed=3).fast
+    assert fast is not None
+    assert fast._packs_blocks() is not slow
+    assert sorted(set(timed)) == [False, True]  # both kinds were timed
+    timed.clear()
+    monkeypatch.setattr(weight_products, "_BLOCK_PREFILL", {})  # a new process: read back
+    again = tiny_blocks_target(VOCAB, "q8", seed=3).fast
+    assert again is not None and again._packs_blocks() is not slow and not timed
+    for kept in (tmp_path / "remembered").iterdir():  # the same process: no second measure
+        kept.unlink()
+    other = tiny_blocks_target(VOCAB, "q8", seed=3).fast
+    assert other is not None and other._packs_blocks() is not slow and not timed
 
 
 def test_rotary_rows_are_the_rotary_modules_values_bit_for_bit():

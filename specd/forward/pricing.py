@@ -178,7 +178,7 @@ def key(target: Any, serving: str) -> dict:
         "library": cpu_kernels.library_file() if serving == "kernel" else "",
         "int8 products": serving == "kernel" and interleave.enabled(),
         "context": PRICE_CONTEXT,
-        "cpu": _cpu_name(), "torch": torch.__version__,
+        "cpu": cpu_name(), "torch": torch.__version__,
     }  # fmt: skip
 
 
@@ -196,7 +196,7 @@ def fingerprint(fast: Any) -> str:
     return h.hexdigest()[:16]
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
     """The CPU's model name (``/proc/cpuinfo``), else the platform's word for it."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:

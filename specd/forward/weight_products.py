@@ -7,13 +7,15 @@ for one prefill pass). :class:`WeightProducts` is the part of
 
 from __future__ import annotations
 
+import json
 import logging
+import time
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from . import cpu_kernels, products
+from . import cpu_kernels, pricing, products
 from .blocks import BlockWeight
 
 log = logging.getLogger(__name__)
@@ -29,6 +31,9 @@ PACKED_MAX_BYTES = 2 << 30
 #: Which product won, per weight shapes and thread count: measured once per process, so
 #: two decoders of one model compute the same arithmetic (and the same tokens).
 _WEIGHT_MAJOR: dict[tuple[Any, ...], bool] = {}
+#: Whether a prefill on blocks multiplies by prepacked values, per :meth:`_packs_blocks`'s
+#: key: measured once per process (and kept across starts where the cache directory is on).
+_BLOCK_PREFILL: dict[str, bool] = {}
 
 
 class WeightProducts:
@@ -55,6 +60,7 @@ class WeightProducts:
         self._packed: dict[int, torch.Tensor] = {}
         self._packed_step = False  # whether passes of fewer rows than PACKED_ROWS use them
         self._packed_prefill = False  # whether passes past PACKED_ROWS use them too
+        self._block_prefill: bool | None = None  # :meth:`_packs_blocks`, once measured
         # On a CPU, a compiled one-token step (specd.compiled) computes products and
         # attention as plain reductions the compiler fuses.
         self._cpu = self.embed.device.type == "cpu"
@@ -154,9 +160,60 @@ class WeightProducts:
     def _packs_blocks(self) -> bool:
         """Whether a prefill on blocks multiplies by oneDNN's prepacked copy of each weight's
         values, made for that pass (with the MLP's operations fused into the products where
-        this torch build fuses them): on the 2-vCPU EPYC of docs/benchmarks.md a 1k-token
-        prefill of the default model 1.47-1.54 s against 1.56-1.69 s through ``F.linear``."""
-        return self.quantized and self._cpu and products.packable()
+        this torch build fuses them), rather than ``F.linear`` on them. Which is faster
+        depends on the CPU: on the AVX-512 EPYC of docs/benchmarks.md a 1k-token prefill of
+        the default model took 1.47-1.54 s packed against 1.56-1.69 s; on the Zen 3 one,
+        2.39-2.54 s against 1.98-2.05 s. So it is measured, once per CPU, thread count and
+        torch build (:meth:`_measure_block_prefill`), and kept in the cache directory: every
+        decoder of one process, and every start on this machine, runs the same arithmetic
+        and so writes the same tokens."""
+        if not (self.quantized and self._cpu and products.packable()):
+            return False
+        if self._block_prefill is None:
+            self._block_prefill = self._measure_block_prefill()
+        return self._block_prefill
+
+    @torch.inference_mode()
+    def _measure_block_prefill(self) -> bool:
+        """Time the first layer's products for a pass of :data:`PACKED_PREFILL_ROWS` rows
+        both ways (the faster of three each, alternating) or read the verdict kept for this
+        machine. :returns: whether the prepacked products won."""
+        fast: Any = self
+        first = fast.layers[0]
+        weights = [first.wq, first.wk, first.wv, first.wo, first.wg, first.wu, first.wd]
+        key = {
+            "kind": "block prefill products", "cpu": pricing.cpu_name(),
+            "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "weights": [[_stored_as(w), *w.shape] for w in weights],
+        }  # fmt: skip
+        name = json.dumps(key, sort_keys=True)
+        if name in _BLOCK_PREFILL:
+            return _BLOCK_PREFILL[name]
+        known = pricing.kept(key, "remembered")
+        if known is not None and isinstance(known.get("packed"), bool):
+            _BLOCK_PREFILL[name] = known["packed"]
+            return known["packed"]
+        rows, gen = PACKED_PREFILL_ROWS, torch.Generator().manual_seed(0)
+        h = torch.randn(1, rows, first.wq.shape[1], generator=gen)
+        o = torch.randn(1, fast.n_heads, rows, fast.head_dim, generator=gen)
+        cos, sin = fast.rotary_at(torch.arange(rows)[None])
+        best = {True: float("inf"), False: float("inf")}
+        for _ in range(3):
+            for packed in (True, False):
+                self._block_prefill = packed
+                t = time.perf_counter()
+                fast.qkv(first, h, cos, sin)
+                fast.mlp(first, h, o)
+                best[packed] = min(best[packed], time.perf_counter() - t)
+        packed = best[True] < best[False]
+        log.info(
+            "a prefill on blocks multiplies by %s (a layer of %d rows: %.1f ms prepacked, "
+            "%.1f ms F.linear)", "prepacked values" if packed else "F.linear", rows,
+            best[True] * 1e3, best[False] * 1e3,
+        )  # fmt: skip
+        pricing.keep(key, "remembered", {"packed": packed})
+        _BLOCK_PREFILL[name] = packed
+        return packed
 
     def _packed_weight(self, n: int, w: torch.Tensor) -> torch.Tensor | None:
         """The prepacked copy of ``w`` where a product of ``n`` rows uses it (:meth:`pack`)."""
@@ -183,3 +240,8 @@ class WeightProducts:
             return None
         packed = [self._packed_weight(n, w) for w in weights]
         return None if any(p is None for p in packed) else packed  # type: ignore[return-value]
+
+
+def _stored_as(w: torch.Tensor | BlockWeight) -> str:
+    """``w``'s block format's name, or its dtype."""
+    return w.fmt.name if isinstance(w, BlockWeight) else str(w.dtype)
