@@ -162,8 +162,9 @@ class WeightProducts:
         values, made for that pass (with the MLP's operations fused into the products where
         this torch build fuses them), rather than ``F.linear`` on them. Which is faster
         depends on the CPU: on the AVX-512 EPYC of docs/benchmarks.md a 1k-token prefill of
-        the default model took 1.47-1.54 s packed against 1.56-1.69 s; on the Zen 3 one,
-        2.39-2.54 s against 1.98-2.05 s. So it is measured, once per CPU, thread count and
+        the default model took 1.47-1.54 s packed against 1.56-1.69 s; on the Zen 3 one the
+        packed products took 1.08-1.11x as long (``scripts/prefill_weights.py auto
+        --blocks-both``). So it is measured, once per CPU, thread count and
         torch build (:meth:`_measure_block_prefill`), and kept in the cache directory: every
         decoder of one process, and every start on this machine, runs the same arithmetic
         and so writes the same tokens."""
