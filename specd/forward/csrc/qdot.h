@@ -157,7 +157,9 @@ inline void u4x16_dots(const uint8_t* p, const int8_t* const* xs, V16* out) {
 // whose own sum is xsums[i].
 template <int NT>
 inline void u8x16_dots(const uint8_t* p, const int8_t* const* xs, const int32_t* xsums, V16* out) {
+#if !defined(__AVXVNNI__)
     const __m256i flip = _mm256_set1_epi8((char)0x80);
+#endif
     for (int h = 0; h < 2; h++) {
         __m256i s[NT];
         for (int i = 0; i < NT; i++) s[i] = _mm256_setzero_si256();
