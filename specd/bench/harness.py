@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ..forward import cpu_kernels
+from ..forward import cpu_kernels, pricing
 from ..forward import weights as stored
 from . import floor as floor_mod
 from . import prefix as prefix_mod
@@ -210,7 +210,7 @@ def machine_info(target) -> dict[str, Any]:
     import transformers
 
     info: dict[str, Any] = {
-        "cpu": _cpu_name(),
+        "cpu": pricing.cpu_name(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "memory_gb": _memory_gb(),
@@ -233,17 +233,6 @@ def machine_info(target) -> dict[str, Any]:
     if str(target.device).startswith("cuda"):
         info["gpu"] = torch.cuda.get_device_name(target.device)
     return info
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _cpu_flags() -> list[str]:

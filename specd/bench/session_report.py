@@ -201,10 +201,10 @@ def _f(x: float | None, fmt: str, scale: float = 1.0) -> str:
 
 def _machine(args: argparse.Namespace, load_start: list[float] | None) -> dict[str, Any]:
     from ..forward import cpu_kernels
-    from .harness import _cpu_name
+    from ..forward.pricing import cpu_name
 
     return {
-        "cpu": _cpu_name(),
+        "cpu": cpu_name(),
         "cpu_count": os.cpu_count(),
         "isa": cpu_kernels.isa(),
         "threads": args.threads,
