@@ -6,12 +6,16 @@ build's passes over its one-token step.
     python scripts/step_kernel.py --threads 2 --context 1024
     python scripts/step_kernel.py --isa avx512,avx2 --widths 1,8
     python scripts/step_kernel.py --products int8,float --widths 1,2,4,8
+    python scripts/step_kernel.py --against HEAD~1 --widths 1,8 --rounds 6
 
 The eager side runs as `specd bench --packed-weights on` runs it (prepacked weights for
 every pass); the kernel is the `kernel` compile backend (specd/forward/csrc/decode_step.cpp),
 built for each instruction set in turn (the builds this CPU runs: cpu_kernels.runnable_isas),
 and with its quantized products over woven weights with int8 activations (``int8``, the
 default) or over the blocks decoded to floats (``float``: ``SPECD_INT8_PRODUCTS=off``).
+``--against REV`` adds the same builds of the kernels' sources at a git revision
+(``isa@REV``), so that two versions of the kernels are timed side by side in one process:
+on a machine whose speed moves from minute to minute, only such ratios hold.
 """
 
 from __future__ import annotations
@@ -19,6 +23,9 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
+import tempfile
+from pathlib import Path
 
 import torch
 
@@ -38,6 +45,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=6)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--packed-weights", choices=("auto", "on", "off"), default="on")
+    p.add_argument("--against", default=None, help="a git revision's kernels, side by side")
     args = p.parse_args()
     allocator.keep_freed_memory()  # as the specd command does
     torch.set_num_threads(args.threads)
@@ -48,9 +56,12 @@ def main() -> None:
     if step is None or not step.ready or step.backend != "kernel":
         raise SystemExit(f"the step kernel is not in use here: {step and step.reason}")
     isas = args.isa.split(",") if args.isa else [cpu_kernels.isa()]
-    for name in isas:
+    csrc: dict[str, Path | None] = {name: None for name in isas}
+    if args.against:
+        csrc |= {f"{name}@{args.against}": _sources_at(args.against) for name in isas}
+    for name, where in csrc.items():
         try:
-            cpu_kernels.use(name)
+            cpu_kernels.use(name.partition("@")[0], where)
         except (ValueError, RuntimeError) as e:
             raise SystemExit(f"--isa {name}: {e}") from None
     modes = args.products.split(",")
@@ -61,7 +72,7 @@ def main() -> None:
         os.environ["SPECD_INT8_PRODUCTS"] = "on" if mode == "int8" else "off"
         assert target.fast is not None
         kernels[mode] = decode_step.for_decoder(target.fast)
-    sides = [f"{isa}/{mode}" if len(modes) > 1 else isa for isa in isas for mode in modes]
+    sides = [f"{isa}/{mode}" if len(modes) > 1 else isa for isa in csrc for mode in modes]
     widths = [int(w) for w in args.widths.split(",")]
     prepared = floor.prepare(target, args.context)
     times: dict[tuple[int, str], list[float]] = {}
@@ -70,7 +81,7 @@ def main() -> None:
             for side in (*sides, "eager"):
                 if side != "eager":
                     isa, _, mode = side.partition("/")
-                    cpu_kernels.use(isa)
+                    cpu_kernels.use(isa.partition("@")[0], csrc[isa])
                     step.chosen._kernel = kernels[mode or modes[0]]  # type: ignore[attr-defined]
                 runs = floor.decode_step_times(
                     target, args.context, args.repeats, prepared=prepared, tokens=t,
@@ -91,6 +102,19 @@ def main() -> None:
             for k in sides
         ]
         print(f"| {t} | " + " | ".join(cells) + f" | {ms[t, 'eager']:.2f} |")
+
+
+def _sources_at(rev: str) -> Path:
+    """The kernels' sources (``specd/forward/csrc``) as they are at git revision ``rev``."""
+    where = Path(tempfile.mkdtemp(prefix="specd-csrc-"))
+    root = Path(__file__).resolve().parents[1]
+    tar = subprocess.run(
+        ["git", "-C", str(root), "archive", rev, "specd/forward/csrc"], capture_output=True
+    )
+    if tar.returncode != 0:
+        raise SystemExit(f"--against {rev}: {tar.stderr.decode().strip()}")
+    subprocess.run(["tar", "-x", "-C", str(where)], input=tar.stdout, check=True)
+    return where / "specd" / "forward" / "csrc"
 
 
 if __name__ == "__main__":

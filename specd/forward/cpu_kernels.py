@@ -99,9 +99,10 @@ def runnable_isas() -> tuple[str, ...]:
     return kernel_build.runnable()
 
 
-def use(name: str) -> None:
+def use(name: str, csrc: Path | None = None) -> None:
     """Run the kernels built for ``name`` from now on, in this process (tests and
-    benchmarks that compare the builds).
+    benchmarks that compare the builds); with ``csrc``, those built from that version of
+    the ``csrc/`` folder.
 
     :raises ValueError: not one of :data:`ISAS`; RuntimeError: this CPU cannot run it, or
         it does not build here.
@@ -111,12 +112,13 @@ def use(name: str) -> None:
         raise ValueError(f"unknown instruction set {name!r}; one of {', '.join(ISAS)}")
     if name not in kernel_build.runnable():
         raise RuntimeError(f"this CPU ({kernel_build.host()}) cannot run the {name} kernels")
+    key = f"{name}@{csrc}" if csrc else name
     with _lock:
         try:
-            lib = _loaded.get(name) or _open(kernel_build.build(name))
+            lib = _loaded.get(key) or _open(kernel_build.build(name, csrc))
         except Unavailable as e:
             raise RuntimeError(str(e)) from e
-        _loaded[name] = lib
+        _loaded[key] = lib
         _current, _tried, reason = lib, True, ""
 
 

@@ -157,28 +157,31 @@ def command(
     return [cxx, *FLAGS, *isa_flags(isa, dot), define, *map(str, sources), "-o", out]
 
 
-def build(isa: str) -> Path:
+def build(isa: str, csrc: Path | None = None) -> Path:
     """The library of the kernels built for ``isa``, built now unless already cached (a line
     is logged before a build starts). Where the build with the dot product's flags fails (a
-    compiler too old for them), it is built without them.
+    compiler too old for them), it is built without them. ``csrc``: another version of the
+    ``csrc/`` folder to build instead (a benchmark comparing two versions in one process).
 
     :raises Unavailable: no compiler; RuntimeError: the build failed.
     """
     try:
-        return _build(isa, dot=True)
+        return _build(isa, dot=True, csrc=csrc)
     except RuntimeError as e:
         if isa_flags(isa, dot=True) == isa_flags(isa, dot=False):
             raise
         log.warning("building without the int8 dot product's flags: %s", str(e)[-300:])
-        return _build(isa, dot=False)
+        return _build(isa, dot=False, csrc=csrc)
 
 
-def _build(isa: str, dot: bool) -> Path:
+def _build(isa: str, dot: bool, csrc: Path | None = None) -> Path:
     cxx = compiler()
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30)
+    sources = tuple(csrc / f.name for f in SOURCES) if csrc else SOURCES
+    headers = tuple(csrc / f.name for f in HEADERS) if csrc else HEADERS
     key = hashlib.sha256()
     for part in (
-        *(f.read_bytes() for f in (*SOURCES, *HEADERS)),
+        *(f.read_bytes() for f in (*sources, *headers)),
         " ".join(command(cxx, isa, "", dot=dot)).encode(),
         version.stdout.encode(),
     ):
@@ -197,7 +200,7 @@ def _build(isa: str, dot: bool) -> Path:
     os.close(fd)
     try:
         done = subprocess.run(
-            command(cxx, isa, tmp, dot=dot), capture_output=True, text=True, timeout=300
+            command(cxx, isa, tmp, sources, dot=dot), capture_output=True, text=True, timeout=300
         )
         if done.returncode != 0:
             raise RuntimeError(f"{cxx} failed: {done.stderr.strip()[-2000:]}")

@@ -561,35 +561,38 @@ inline bool sees(const Group& a, int64_t i, int64_t j) {
 inline int64_t new_row(const Group& a, int64_t n) { return a.order != nullptr ? a.order[n] : n; }
 
 // Scores (scaled, -inf where unseen) of pairs [p0, p0 + NP) over positions [j0, j1) into
-// s (row p at s + p * n), 64-wide heads: NP pairs by four keys at a time in registers.
+// s (row p at s + p * n), 64-wide heads: NP pairs by four keys at a time (vec.h's dots64x4).
+constexpr int64_t D64 = 64;
 template <int NP, class Query, class Key>
 inline void score_block(const Group& a, const Query& query, const Key& key, int64_t j0, int64_t j1,
                         int64_t n, int64_t p0, float* s) {
     const float* qp[NP];
-    for (int x = 0; x < NP; x++) qp[x] = query(p0 + x);
-    for (int64_t j = j0; j < j1; j += 4) {
+    int64_t token[NP];
+    for (int x = 0; x < NP; x++) {
+        qp[x] = query(p0 + x);
+        token[x] = (p0 + x) / a.rep;
+    }
+    alignas(64) float out[16];
+    // four cached keys at a time, every one seen
+    const int64_t cached = a.past < j1 ? a.past : j1;
+    int64_t j = j0;
+    for (; j + 4 <= cached; j += 4) {
+        const float* kp[4] = {a.k + j * D64, a.k + (j + 1) * D64, a.k + (j + 2) * D64, a.k + (j + 3) * D64};
+        dots64x4<NP>(qp, kp, a.scale, out);
+        for (int x = 0; x < NP; x++) memcpy(s + (p0 + x) * n + (j - j0), out + 4 * x, 4 * sizeof(float));
+    }
+    for (; j < j1; j += 4) {
         // past the range's end, the last key again (its scores are not kept): every score is
         // summed the same way wherever the range ends
         const int64_t last = j1 - 1;
         const float* kp[4] = {key(j), key(j + 1 < last ? j + 1 : last), key(j + 2 < last ? j + 2 : last),
                               key(j + 3 < last ? j + 3 : last)};
-        V16 acc[16];
-        for (int x = 0; x < 16; x++) acc[x] = vzero();
-        for (int c = 0; c < 64; c += 16) {
-            V16 kv[4];
-            for (int y = 0; y < 4; y++) kv[y] = vload(kp[y] + c);
-            for (int x = 0; x < NP; x++) {
-                const V16 qv = vload(qp[x] + c);
-                for (int y = 0; y < 4; y++) acc[x * 4 + y] = vfma(qv, kv[y], acc[x * 4 + y]);
-            }
-        }
-        alignas(64) float out[16];
-        vstore(out, vmul(vsum16(acc), vset1(a.scale)));
+        dots64x4<NP>(qp, kp, a.scale, out);
         const int64_t keys = j1 - j < 4 ? j1 - j : 4;
         for (int x = 0; x < NP; x++) {
             float* row = s + (p0 + x) * n + (j - j0);
-            const int64_t i = (p0 + x) / a.rep;
-            for (int y = 0; y < keys; y++) row[y] = j + y < a.past || sees(a, i, j + y) ? out[x * 4 + y] : -INFINITY;
+            for (int y = 0; y < keys; y++)
+                row[y] = j + y < a.past || sees(a, token[x], j + y) ? out[x * 4 + y] : -INFINITY;
         }
     }
 }
@@ -614,16 +617,11 @@ void attend_group(const Group& a, int64_t Hq, int64_t j0, int64_t j1, float* s, 
     auto query = [&](int64_t p) { return a.q + (p / a.rep) * a.q_t + (a.g * a.rep + p % a.rep) * D; };
     int64_t done = 0;  // pairs scored in blocks
     if (D == 64) {
-        // up to four pairs by four keys at a time: sixteen dot products in registers,
-        // summed across their lanes together (vsum16, each sum in the same order: a pair's
-        // scores do not depend on the pairs and keys beside it)
-        for (; done < pairs; done += 4) {
-            switch (pairs - done) {
-                case 1: score_block<1>(a, query, key, j0, j1, n, done, s); break;
-                case 2: score_block<2>(a, query, key, j0, j1, n, done, s); break;
-                case 3: score_block<3>(a, query, key, j0, j1, n, done, s); break;
-                default: score_block<4>(a, query, key, j0, j1, n, done, s); break;
-            }
+        // up to SCORE_PAIRS pairs by four keys at a time, each sum in the same order: a
+        // pair's scores do not depend on the pairs and keys beside it
+        for (; done < pairs; done += SCORE_PAIRS) {
+            const int64_t np = pairs - done < SCORE_PAIRS ? pairs - done : SCORE_PAIRS;
+            with_count<SCORE_PAIRS>(np, [&](auto NP) { score_block<decltype(NP)::value>(a, query, key, j0, j1, n, done, s); });
         }
     }
     for (int64_t j = j0; j < j1; j++)
@@ -658,27 +656,30 @@ void attend_group(const Group& a, int64_t Hq, int64_t j0, int64_t j1, float* s, 
     }
     // outputs: each value row once per TILE_ROWS pairs and 16 * TILE_VECS columns, the
     // tile in registers
+    // tile in registers (its rows a constant, so that the compiler keeps them there)
     constexpr int W = 16 * TILE_VECS;
     for (int64_t p0 = 0; p0 < pairs; p0 += TILE_ROWS) {
         const int64_t np = pairs - p0 < TILE_ROWS ? pairs - p0 : TILE_ROWS;
-        for (int64_t c = 0; c < D; c += W) {
-            const int64_t w = D - c < W ? (D - c) / 16 : TILE_VECS;  // vectors of this slice
-            V16 acc[TILE_ROWS][TILE_VECS];
-            for (int x = 0; x < TILE_ROWS; x++)
-                for (int y = 0; y < TILE_VECS; y++) acc[x][y] = vzero();
-            for (int64_t j = j0; j < j1; j++) {
-                const float* val = (j >= a.past ? a.v_new + new_row(a, j - a.past) * a.kv_t : a.v + j * D) + c;
-                V16 vv[TILE_VECS];
-                for (int y = 0; y < TILE_VECS; y++) vv[y] = y < w ? vload(val + 16 * y) : vzero();
-                for (int x = 0; x < TILE_ROWS; x++) {
-                    if (x >= np) break;
-                    const V16 pr = vset1(s[(p0 + x) * n + j - j0]);
-                    for (int y = 0; y < TILE_VECS; y++) acc[x][y] = vfma(pr, vv[y], acc[x][y]);
+        with_count<TILE_ROWS>(np, [&](auto NP) {
+            constexpr int R = decltype(NP)::value;
+            for (int64_t c = 0; c < D; c += W) {
+                const int64_t w = D - c < W ? (D - c) / 16 : TILE_VECS;  // vectors of this slice
+                V16 acc[R][TILE_VECS];
+                for (int x = 0; x < R; x++)
+                    for (int y = 0; y < TILE_VECS; y++) acc[x][y] = vzero();
+                for (int64_t j = j0; j < j1; j++) {
+                    const float* val = (j >= a.past ? a.v_new + new_row(a, j - a.past) * a.kv_t : a.v + j * D) + c;
+                    V16 vv[TILE_VECS];
+                    for (int y = 0; y < TILE_VECS; y++) vv[y] = y < w ? vload(val + 16 * y) : vzero();
+                    for (int x = 0; x < R; x++) {
+                        const V16 pr = vset1(s[(p0 + x) * n + j - j0]);
+                        for (int y = 0; y < TILE_VECS; y++) acc[x][y] = vfma(pr, vv[y], acc[x][y]);
+                    }
                 }
+                for (int x = 0; x < R; x++)
+                    for (int y = 0; y < w; y++) vstore(out(p0 + x) + 2 + c + 16 * y, acc[x][y]);
             }
-            for (int x = 0; x < np; x++)
-                for (int y = 0; y < w; y++) vstore(out(p0 + x) + 2 + c + 16 * y, acc[x][y]);
-        }
+        });
     }
 }
 

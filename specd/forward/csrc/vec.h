@@ -345,6 +345,33 @@ inline V16 vsum16(const V16* v) {
     return {sum8(s), sum8(s + 8)};
 }
 
+// Attention scores by NP queries of 64 floats (NP <= SCORE_PAIRS) and four keys at a time:
+// out[4 x + y] = scale * q[x] . k[y], each in one eight-lane register over the row's eight slices in
+// order, then across its lanes as sum8 sums them, whatever NP (out holds 12 floats). Three
+// queries by four keys keep twelve sums and four keys in the 16 registers, the queries read
+// from memory by the multiply-adds; four queries' V16 sums, as AVX-512 keeps them, would
+// take 32 and spill.
+constexpr int SCORE_PAIRS = 3;
+#define SPECD_DOTS64 1
+template <int NP>
+inline void dots64x4(const float* const* q, const float* const* k, float scale, float* out) {
+    __m256 acc[4 * NP];
+    for (int i = 0; i < 4 * NP; i++) acc[i] = _mm256_setzero_ps();
+    for (int c = 0; c < 64; c += 8) {
+        __m256 kv[4];
+        for (int y = 0; y < 4; y++) kv[y] = _mm256_loadu_ps(k[y] + c);
+        for (int x = 0; x < NP; x++)
+            for (int y = 0; y < 4; y++) acc[4 * x + y] = _mm256_fmadd_ps(_mm256_loadu_ps(q[x] + c), kv[y], acc[4 * x + y]);
+    }
+    // sum8's tree, four registers at a time: lane i of hadd(hadd(a, b), hadd(c, d)) plus lane
+    // i + 4 is the sum of the i-th register's lanes
+    for (int i = 0; i < NP; i++) {
+        const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(acc[4 * i], acc[4 * i + 1]), _mm256_hadd_ps(acc[4 * i + 2], acc[4 * i + 3]));
+        const __m128 sum = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+        _mm_storeu_ps(out + 4 * i, _mm_mul_ps(sum, _mm_set1_ps(scale)));
+    }
+}
+
 // Quantized weights, decoded to floats (as AVX-512's).
 inline void vload_u4(const uint8_t* p, V16* lo, V16* hi) {
     // one widening per eight bytes for both halves
@@ -661,6 +688,27 @@ inline uint64_t nonzero_bits(const uint8_t* p, int64_t n) {
     return bits;
 }
 
+#endif
+
+#if !defined(SPECD_DOTS64)
+// Attention scores by NP queries of 64 floats (NP <= SCORE_PAIRS) and four keys at a time:
+// out[4 x + y] = scale * q[x] . k[y], sixteen V16 sums in registers, summed across their lanes
+// together (vsum16: each sum in the same order, whatever NP; out holds 16 floats).
+constexpr int SCORE_PAIRS = 4;
+template <int NP>
+inline void dots64x4(const float* const* q, const float* const* k, float scale, float* out) {
+    V16 acc[16];
+    for (int x = 0; x < 16; x++) acc[x] = vzero();
+    for (int c = 0; c < 64; c += 16) {
+        V16 kv[4];
+        for (int y = 0; y < 4; y++) kv[y] = vload(k[y] + c);
+        for (int x = 0; x < NP; x++) {
+            const V16 qv = vload(q[x] + c);
+            for (int y = 0; y < 4; y++) acc[x * 4 + y] = vfma(qv, kv[y], acc[x * 4 + y]);
+        }
+    }
+    vstore(out, vmul(vsum16(acc), vset1(scale)));
+}
 #endif
 
 #if defined(SPECD_ISA_NEON) || defined(SPECD_ISA_SCALAR)
