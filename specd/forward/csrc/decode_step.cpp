@@ -578,6 +578,9 @@ inline void score_block(const Group& a, const Query& query, const Key& key, int6
     int64_t j = j0;
     for (; j + 4 <= cached; j += 4) {
         const float* kp[4] = {a.k + j * D64, a.k + (j + 1) * D64, a.k + (j + 2) * D64, a.k + (j + 3) * D64};
+        if (PREFETCH_VALUES)  // the same rows' values, read once the chunk's scores are done
+            for (int y = 0; y < 4; y++)
+                for (int l = 0; l < 4; l++) specd::prefetch(a.v + (j + y) * D64 + 16 * l);
         dots64x4<NP>(qp, kp, a.scale, out);
         for (int x = 0; x < NP; x++) memcpy(s + (p0 + x) * n + (j - j0), out + 4 * x, 4 * sizeof(float));
     }
