@@ -119,14 +119,36 @@ def steps(monkeypatch, h: HybridDrafter, accepted: int, n: int, clock: Clock) ->
 def test_a_later_part_whose_drafts_do_not_pay_is_asked_only_to_probe(monkeypatch):
     """The exit policy prices hybrid as one drafter: a head whose drafts do not pay here
     would make it pause the n-gram drafts too. Guards against asking a part whose accepted
-    tokens do not outweigh the pass width its nodes add."""
+    tokens do not outweigh the pass width its nodes add, and against probing it as often
+    as ever while it keeps not paying."""
     h, (first, second) = hybrid(None, Draft.chain([9, 9]))
-    steps(monkeypatch, h, 0, 3 * (PROBE_EVERY + 1), Clock())
-    assert len(second.budgets) == 3  # the first step, then a probe every PROBE_EVERY + 1
-    assert len(first.budgets) == 3 * (PROBE_EVERY + 1)  # the first part is always asked
+    asked = []
+    for n in range(400):
+        before = len(second.budgets)
+        steps(monkeypatch, h, 0, 1, Clock())
+        if len(second.budgets) > before:
+            asked.append(n)
+    # the first step, then probes after 8, 16, 32, 64, 128, 128 steps without it
+    assert asked == [0, 9, 26, 59, 124, 253, 382]
+    assert len(first.budgets) == 400  # the first part is always asked
     h, (_, second) = hybrid(None, Draft.chain([9, 9]))
     steps(monkeypatch, h, 2, 3 * (PROBE_EVERY + 1), Clock())  # accepted whole: 2 > 0.8
     assert len(second.budgets) == 3 * (PROBE_EVERY + 1)
+
+
+def test_a_part_that_pays_again_is_probed_soon_after_it_stops(monkeypatch):
+    """Guards against a wait that only grows: once the part paid, a new spell of not paying
+    starts from PROBE_EVERY steps again."""
+    h, (_, second) = hybrid(None, Draft.chain([9, 9]))
+    steps(monkeypatch, h, 0, 60, Clock())  # priced out; the wait has grown to 64
+    assert h.records[1].wait == 64
+    steps(monkeypatch, h, 2, 70, Clock())  # accepted at its next probe: probed soon again
+    assert h.records[1].wait == PROBE_EVERY
+    asked = len(second.budgets)
+    steps(monkeypatch, h, 0, PROBE_EVERY + 12, Clock())  # no longer accepted
+    # probed PROBE_EVERY steps after the call that won (not 128), found wanting: doubled
+    assert h.records[1].wait == 2 * PROBE_EVERY
+    assert len(second.budgets) > asked
 
 
 def test_a_later_part_pays_for_its_own_time_too(monkeypatch):

@@ -22,8 +22,10 @@ per call must outweigh what its nodes add to the verify pass (the target's pass 
 ``Target.pass_cost``) and its own time in target steps (timed here, against the time of the
 steps between two proposals). The exit policy prices ``hybrid`` as
 one drafter, so a head whose drafts do not pay would otherwise make it pause the n-gram
-drafts too. A part priced out is still asked every :data:`PROBE_EVERY` steps, so that it
-comes back where it starts to pay.
+drafts too. A part priced out is still asked after :data:`PROBE_EVERY` steps, so that it
+comes back where it starts to pay; each probe that leaves it priced out doubles the wait
+(up to :data:`PROBE_MAX` steps), and a call that wins its price sets it back, so that a head
+that does not pay on this host costs a probe every few requests, not one every few steps.
 """
 
 from __future__ import annotations
@@ -39,8 +41,10 @@ log = logging.getLogger("specd.plugins")
 
 #: Options of parts that differ from the part's own defaults inside ``hybrid``.
 PART_DEFAULTS: dict[str, dict[str, Any]] = {"ngram": {"min_n": 2}}
-#: A part priced out is asked again after this many steps without it.
+#: A part priced out is asked again after this many steps without it, then after twice as
+#: many each time it still does not pay, up to PROBE_MAX.
 PROBE_EVERY = 8
+PROBE_MAX = 128
 #: The weight of the latest call in a part's record and of the latest step in the step time.
 EMA = 0.3
 #: Seconds, for timing parts and steps (tests set a clock of their own).
@@ -56,6 +60,8 @@ class Record:
         self.nodes = 0.0
         self.seconds = 0.0
         self.skipped = 0  # steps it was priced out since it was last asked
+        self.wait = PROBE_EVERY  # steps priced out before it is asked again
+        self.price = 0.0  # what its last call had to win, in steps
 
     def add(self, tokens: float, nodes: int, seconds: float) -> None:
         if self.tokens is None:
@@ -64,6 +70,12 @@ class Record:
         self.tokens += EMA * (tokens - self.tokens)
         self.nodes += EMA * (nodes - self.nodes)
         self.seconds += EMA * (seconds - self.seconds)
+
+    def probed(self, tokens: float) -> None:
+        """A call that won its price brings the next probe back to PROBE_EVERY steps (the
+        average may need more than one such call to catch up)."""
+        if tokens >= self.price:
+            self.wait = PROBE_EVERY
 
 
 class HybridDrafter(Drafter):
@@ -189,7 +201,7 @@ class HybridDrafter(Drafter):
     def _pays(self, ctx: DraftContext, i: int, nodes_before: int) -> bool:
         """Whether part ``i`` is worth asking after ``nodes_before`` nodes drafted: its
         accepted draft tokens per call against the pass width its nodes add and its own time,
-        in one-token steps (asked where never asked, and after :data:`PROBE_EVERY` steps
+        in one-token steps (asked where never asked, and to probe after ``rec.wait`` steps
         without it)."""
         rec = self.records[i]
         if rec.tokens is None or ctx.target is None:
@@ -199,8 +211,12 @@ class HybridDrafter(Drafter):
         )
         if self._step_s:
             cost += rec.seconds / self._step_s
-        if rec.tokens >= cost or rec.skipped >= PROBE_EVERY:
-            rec.skipped = 0
+        rec.price = cost
+        if rec.tokens >= cost:
+            rec.skipped, rec.wait = 0, PROBE_EVERY
+            return True
+        if rec.skipped >= rec.wait:  # a probe; the next one waits longer unless this pays
+            rec.skipped, rec.wait = 0, min(2 * rec.wait, PROBE_MAX)
             return True
         rec.skipped += 1
         return False
@@ -212,7 +228,9 @@ class HybridDrafter(Drafter):
         before = 0
         for i, nodes, seconds in self._asked:
             if i > 0:
-                self.records[i].add(max(0, min(accepted - before, nodes)), nodes, seconds)
+                won = max(0, min(accepted - before, nodes))
+                self.records[i].add(won, nodes, seconds)
+                self.records[i].probed(won)
             before += nodes
         self._asked = []
         hidden = ctx.hidden
