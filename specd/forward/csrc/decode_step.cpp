@@ -484,13 +484,8 @@ inline void rows(Weight W, const float* b, int64_t K, const float* x, int64_t ld
             for (int64_t r = r0; r < r1; r++) y[i * ldy + r] += b[r];
 }
 
-// This thread's share [lo, hi) of n rows.
-inline void share(int64_t n, int t, int nt, int64_t* lo, int64_t* hi) {
-    *lo = n * t / nt;
-    *hi = n * (t + 1) / nt;
-}
-
-// The same for a product's rows, cut at multiples of 16 (a woven group stays on one thread).
+// This thread's share [lo, hi) of a product's n rows, cut at multiples of 16 (a woven group
+// stays on one thread).
 inline void share_rows(int64_t n, int t, int nt, int64_t* lo, int64_t* hi) {
     *lo = t == 0 ? 0 : n * t / nt / 16 * 16;
     *hi = t + 1 == nt ? n : n * (t + 1) / nt / 16 * 16;
@@ -700,6 +695,19 @@ struct Layout {
 constexpr int64_t ATTN_CHUNK = 128;
 
 inline int64_t chunks_of(int64_t n) { return (n + ATTN_CHUNK - 1) / ATTN_CHUNK; }
+
+// Whether thread t of nt takes item `item` of the attention: chunk item % chunks of key/value
+// head item / chunks, the items in that order, each thread a run of them cut where the
+// positions they cover reach its share. So each thread reads each of its heads' keys and
+// values in one long stream (a one-token step over 1k positions 1.05-1.06x faster on the Zen
+// 3 than with runs of chunks, every head in each), and an odd count of chunks no longer leaves
+// one thread a chunk of every head ahead. Which thread takes a chunk changes nothing in what
+// it computes.
+inline bool mine(int64_t item, int64_t chunks, int64_t n, int64_t heads, int t, int nt) {
+    const int64_t c = item % chunks, before = item / chunks * n + c * ATTN_CHUNK;
+    const int64_t total = heads * n;  // positions over every head
+    return before >= total * t / nt && before < total * (t + 1) / nt;
+}
 
 Layout layout(int64_t H, int64_t I, int64_t Hq, int64_t KV, int64_t D, int64_t T, int64_t past,
               int threads) {
@@ -916,34 +924,33 @@ void specd_decode_step(const void* const* layers, const int32_t* formats, int64_
                     }
             // positions [0, past + T) in chunks (ATTN_CHUNK); the new ones read from kn, vn,
             // never the cache (thread 0 may be writing them)
-            share(chunks, t, nt, &lo, &hi);  // each thread a run of chunks: one stream
-            for (int64_t c = lo; c < hi; c++) {
+            for (int64_t item = 0; item < KV * chunks; item++) {
+                if (!mine(item, chunks, past + T, KV, t, nt)) continue;
+                const int64_t g = item / chunks, c = item % chunks;
                 const int64_t j0 = c * ATTN_CHUNK, j1 = j0 + ATTN_CHUNK < past + T ? j0 + ATTN_CHUNK : past + T;
                 float* chunk = part + c * T * Hq * (D + 2);
-                for (int64_t g = 0; g < KV; g++) {
-                    const Group grp{q, QD, g, rep, T, past, D, kc + g * kh, vc + g * vh,
-                                    kn + g * D, vn + g * D, KD, tree, scale};
-                    if (tree == nullptr || j1 <= past) {
-                        attend_group(grp, Hq, j0, j1, s, chunk);
-                        continue;
-                    }
-                    // a tree's new positions: each node over its path as the chain of one-token
-                    // steps that decodes it would see them (its ancestors at the positions
-                    // after the cache, in order), so a node's values do not depend on its
-                    // siblings and cousins
-                    for (int64_t i = 0; i < T; i++) {
-                        int64_t order[MAX_T], reach = 0;
-                        for (int64_t n = 0; n < T; n++)
-                            if (tree[i * T + n]) order[reach++] = n;
-                        Group node = grp;
-                        node.q = q + i * QD;
-                        node.T = 1;
-                        node.tree = nullptr;
-                        node.order = order;
-                        node.reach = reach;
-                        const int64_t end = past + reach < j1 ? past + reach : j1;
-                        attend_group(node, Hq, j0, end > j0 ? end : j0, s, chunk + i * Hq * (D + 2));
-                    }
+                const Group grp{q, QD, g, rep, T, past, D, kc + g * kh, vc + g * vh,
+                                kn + g * D, vn + g * D, KD, tree, scale};
+                if (tree == nullptr || j1 <= past) {
+                    attend_group(grp, Hq, j0, j1, s, chunk);
+                    continue;
+                }
+                // a tree's new positions: each node over its path as the chain of one-token
+                // steps that decodes it would see them (its ancestors at the positions
+                // after the cache, in order), so a node's values do not depend on its
+                // siblings and cousins
+                for (int64_t i = 0; i < T; i++) {
+                    int64_t order[MAX_T], reach = 0;
+                    for (int64_t n = 0; n < T; n++)
+                        if (tree[i * T + n]) order[reach++] = n;
+                    Group node = grp;
+                    node.q = q + i * QD;
+                    node.T = 1;
+                    node.tree = nullptr;
+                    node.order = order;
+                    node.reach = reach;
+                    const int64_t end = past + reach < j1 ? past + reach : j1;
+                    attend_group(node, Hq, j0, end > j0 ? end : j0, s, chunk + i * Hq * (D + 2));
                 }
             }
 #pragma omp barrier

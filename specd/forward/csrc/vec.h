@@ -522,6 +522,28 @@ inline V16 vsum16(const V16* v) {
     return r;
 }
 
+// Attention scores by NP queries of 64 floats (NP <= SCORE_PAIRS) and four keys at a time:
+// out[4 x + y] = scale * q[x] . k[y], each in one four-lane register over the row's sixteen
+// slices in order, then across its lanes by pairs, whatever NP. Sixteen sums, four keys and a
+// query take 21 of the 32 registers; four queries' V16 sums (64 registers) went to the stack.
+constexpr int SCORE_PAIRS = 4;
+#define SPECD_DOTS64 1
+constexpr bool PREFETCH_VALUES = false;  // not timed on ARM64 hardware
+template <int NP>
+inline void dots64x4(const float* const* q, const float* const* k, float scale, float* out) {
+    float32x4_t acc[4 * NP];
+    for (int i = 0; i < 4 * NP; i++) acc[i] = vdupq_n_f32(0.0f);
+    for (int c = 0; c < 64; c += 4) {
+        float32x4_t kv[4];
+        for (int y = 0; y < 4; y++) kv[y] = vld1q_f32(k[y] + c);
+        for (int x = 0; x < NP; x++) {
+            const float32x4_t qv = vld1q_f32(q[x] + c);
+            for (int y = 0; y < 4; y++) acc[4 * x + y] = vfmaq_f32(acc[4 * x + y], qv, kv[y]);
+        }
+    }
+    for (int i = 0; i < 4 * NP; i++) out[i] = vaddvq_f32(acc[i]) * scale;
+}
+
 // Quantized weights, decoded to floats (as AVX-512's).
 inline V16 u8x16(uint8x16_t b) {
     const uint16x8_t l = vmovl_u8(vget_low_u8(b)), h = vmovl_u8(vget_high_u8(b));
