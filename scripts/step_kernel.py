@@ -21,7 +21,9 @@ on a machine whose speed moves from minute to minute, only such ratios hold.
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
+import shutil
 import statistics
 import subprocess
 import tempfile
@@ -107,6 +109,7 @@ def main() -> None:
 def _sources_at(rev: str) -> Path:
     """The kernels' sources (``specd/forward/csrc``) as they are at git revision ``rev``."""
     where = Path(tempfile.mkdtemp(prefix="specd-csrc-"))
+    atexit.register(shutil.rmtree, where, True)
     root = Path(__file__).resolve().parents[1]
     tar = subprocess.run(
         ["git", "-C", str(root), "archive", rev, "specd/forward/csrc"], capture_output=True

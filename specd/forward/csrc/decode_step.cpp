@@ -653,7 +653,6 @@ void attend_group(const Group& a, int64_t Hq, int64_t j0, int64_t j1, float* s, 
         o[1] = vhsum(sum);
     }
     // outputs: each value row once per TILE_ROWS pairs and 16 * TILE_VECS columns, the
-    // tile in registers
     // tile in registers (its rows a constant, so that the compiler keeps them there)
     constexpr int W = 16 * TILE_VECS;
     for (int64_t p0 = 0; p0 < pairs; p0 += TILE_ROWS) {

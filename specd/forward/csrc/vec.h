@@ -346,16 +346,15 @@ inline V16 vsum16(const V16* v) {
 }
 
 // Attention scores by NP queries of 64 floats (NP <= SCORE_PAIRS) and four keys at a time:
-// out[4 x + y] = scale * q[x] . k[y], each in one eight-lane register over the row's eight slices in
-// order, then across its lanes as sum8 sums them, whatever NP (out holds 12 floats). Three
-// queries by four keys keep twelve sums and four keys in the 16 registers, the queries read
-// from memory by the multiply-adds; four queries' V16 sums, as AVX-512 keeps them, would
-// take 32 and spill.
+// out[4 x + y] = scale * q[x] . k[y], each in one eight-lane register over the row's eight
+// slices in order, then across its lanes as sum8 sums them, whatever NP. Three queries by
+// four keys keep twelve sums and four keys in the 16 registers, the queries read from memory
+// by the multiply-adds; four queries' V16 sums, as AVX-512 keeps them, took 32 and spilled.
 constexpr int SCORE_PAIRS = 3;
 #define SPECD_DOTS64 1
-// The step's attention asks for each cached key's value row as it scores the key: 1.1-1.3x
-// faster over 1k positions here (one thread, the keys and values in memory; pairs of runs of
-// scripts/attention_step_bench.cpp alternating).
+// The step's attention asks for each cached key's value row as it scores the key: over 1k
+// positions on a Zen 3, one new token 1.2-1.35x faster, eight 1.1-1.15x (one thread, the
+// keys and values in memory; runs of scripts/attention_step_bench.cpp alternating).
 constexpr bool PREFETCH_VALUES = true;
 template <int NP>
 inline void dots64x4(const float* const* q, const float* const* k, float scale, float* out) {
