@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specd.forward import architectures, fastpath, products, weight_products
+from specd.forward import architectures, cpu_kernels, fastpath, products, weight_products
 from specd.forward.target import Target
 from specd.forward.tiny import CharTokenizer, tiny_model
 
@@ -384,7 +384,7 @@ def test_a_long_prefill_on_blocks_multiplies_by_prepacked_values(monkeypatch):
     if not products.packable():
         pytest.skip("this torch build has no oneDNN prepacked linear")
     target = tiny_blocks_target(VOCAB, "q8", seed=3)
-    target.fast._block_prefill = True  # type: ignore[union-attr]  # whichever measured faster
+    target.fast._block_prefill = "prepacked"  # type: ignore[union-attr]  # as if it won
     prompt = [(5 * i + 1) % VOCAB for i in range(300)]  # past STEP_PREFILL_TOKENS
     packed = []
     real = products.pack
@@ -393,7 +393,7 @@ def test_a_long_prefill_on_blocks_multiplies_by_prepacked_values(monkeypatch):
     target.prefill(fast, prompt)
     layers = len(target.fast.layers)  # type: ignore[union-attr]
     assert len(packed) >= 7 * (layers - 1)  # q, k, v, o, gate, up, down of each full layer
-    monkeypatch.setattr(fastpath.FastDecoder, "_packs_blocks", lambda self: False)
+    target.fast._block_prefill = "linear"  # type: ignore[union-attr]
     plain = target.new_cache()
     target.prefill(plain, prompt)
     for i in range(layers):
@@ -403,16 +403,64 @@ def test_a_long_prefill_on_blocks_multiplies_by_prepacked_values(monkeypatch):
         )
 
 
-@pytest.mark.parametrize("slow", [True, False])
-def test_a_prefill_on_blocks_multiplies_the_way_that_measured_faster(monkeypatch, tmp_path, slow):
-    """Guards against a choice of products that keeps the slower one (the verdict read the
-    wrong way round) or measures anew for every decoder, so that two decoders of one model
-    compute different caches: the products of ``slow`` (prepacked or not) are made slower
-    here, the other kind is chosen, kept, and read back by a fresh process's decoder."""
+@pytest.mark.parametrize("weights", ["q4", "q8"])
+def test_a_long_prefill_on_woven_blocks_runs_the_int8_products(monkeypatch, weights):
+    """Guards against an int8 prefill that multiplies the wrong bytes (the blocks as stored
+    read as woven, another weight's copy, the wrong format's code) or skips the int8
+    products: every product of a prompt longer than the step kernel's prefill goes through
+    the kernel's product on the weight's woven copy, and its cache stays within the int8
+    rounding of the float32 products' cache."""
+    from specd.forward import interleave
     from specd.forward.tiny import tiny_blocks_target
 
-    if not products.packable():
-        pytest.skip("this torch build has no oneDNN prepacked linear")
+    if not cpu_kernels.available():
+        pytest.skip(f"the CPU kernels do not run here: {cpu_kernels.reason}")
+    target = tiny_blocks_target(VOCAB, weights, seed=3)
+    fast_decoder = target.fast
+    assert fast_decoder is not None and "int8" in fast_decoder._prefill_products()
+    fast_decoder._block_prefill = "int8"  # as if it won
+    woven = {
+        w.woven.data_ptr(): interleave.code(w)
+        for L in fast_decoder.layers
+        for w in (L.wq, L.wk, L.wv, L.wo, L.wg, L.wu, L.wd)
+    }
+    calls = []
+    real = cpu_kernels.product
+
+    def product(x, ptr, code, *args, **kwargs):
+        calls.append((x.shape[0], woven.get(ptr) == code))
+        return real(x, ptr, code, *args, **kwargs)
+
+    monkeypatch.setattr(cpu_kernels, "product", product)
+    prompt = [(5 * i + 1) % VOCAB for i in range(300)]  # past STEP_PREFILL_TOKENS
+    int8 = target.new_cache()
+    target.prefill(int8, prompt)
+    layers = len(fast_decoder.layers)
+    long = [ok for rows, ok in calls if rows > 16]
+    assert len(long) >= 7 * (layers - 1) and all(long)  # q, k, v, o, gate, up, down
+    fast_decoder._block_prefill = "linear"
+    plain = target.new_cache()
+    target.prefill(plain, prompt)
+    for i in range(layers):
+        for got, want in ((int8.layer(i).keys, plain.layer(i).keys),
+                          (int8.layer(i).values, plain.layer(i).values)):  # fmt: skip
+            err = (got - want).abs().max() / want.abs().max()
+            assert 0 < err < 0.05, (i, float(err))  # rounded to int8, and only that
+
+
+@pytest.mark.parametrize("fastest", ["int8", "prepacked", "linear"])
+def test_a_prefill_on_blocks_multiplies_the_way_that_measured_faster(
+    monkeypatch, tmp_path, fastest
+):
+    """Guards against a choice of products that keeps a slower one (the verdict read the
+    wrong way round) or measures anew for every decoder, so that two decoders of one model
+    compute different caches: every product but ``fastest`` is made slower here, ``fastest``
+    is chosen, kept, and read back by a fresh process's decoder."""
+    from specd.forward.tiny import tiny_blocks_target
+
+    ways = tiny_blocks_target(VOCAB, "q8", seed=3).fast._prefill_products()  # type: ignore[union-attr]
+    if fastest not in ways:
+        pytest.skip(f"{fastest} products do not run here (this host has {ways})")
     monkeypatch.setenv("SPECD_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("SPECD_PRICE_CACHE", "on")
     monkeypatch.setattr(weight_products, "_BLOCK_PREFILL", {})
@@ -420,23 +468,23 @@ def test_a_prefill_on_blocks_multiplies_the_way_that_measured_faster(monkeypatch
 
     def mlp(self, *args):
         timed.append(self._block_prefill)
-        if self._block_prefill == slow:
+        if self._block_prefill != fastest:
             time.sleep(0.02)
         return real_mlp(self, *args)
 
     monkeypatch.setattr(fastpath.FastDecoder, "mlp", mlp)
     fast = tiny_blocks_target(VOCAB, "q8", seed=3).fast
     assert fast is not None
-    assert fast._packs_blocks() is not slow
-    assert sorted(set(timed)) == [False, True]  # both kinds were timed
+    assert fast._prefill_product() == fastest
+    assert sorted(set(timed)) == sorted(ways)  # every way was timed
     timed.clear()
     monkeypatch.setattr(weight_products, "_BLOCK_PREFILL", {})  # a new process: read back
     again = tiny_blocks_target(VOCAB, "q8", seed=3).fast
-    assert again is not None and again._packs_blocks() is not slow and not timed
+    assert again is not None and again._prefill_product() == fastest and not timed
     for kept in (tmp_path / "remembered").iterdir():  # the same process: no second measure
         kept.unlink()
     other = tiny_blocks_target(VOCAB, "q8", seed=3).fast
-    assert other is not None and other._packs_blocks() is not slow and not timed
+    assert other is not None and other._prefill_product() == fastest and not timed
 
 
 def test_rotary_rows_are_the_rotary_modules_values_bit_for_bit():

@@ -1,7 +1,8 @@
 """Which product multiplies the lean forward's weights: prepacked copies (oneDNN's blocked
 layout) for the passes where they measure faster, weight-major products of a few rows where
-those do, and for weights stored as blocks, their values decoded for one product (or packed
-for one prefill pass). :class:`WeightProducts` is the part of
+those do, and for weights stored as blocks, whichever of three products measured fastest for
+a prefill's passes: the step kernel's int8 products on the woven copy, or the values decoded
+for one product (multiplied by ``F.linear``, or packed for that pass). :class:`WeightProducts` is the part of
 :class:`~specd.forward.fastpath.FastDecoder` that chooses and runs them; it reads the decoder's
 ``layers``, ``embed``, ``lm_head`` and ``quantized``."""
 
@@ -15,7 +16,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from . import cpu_kernels, pricing, products
+from . import cpu_kernels, interleave, pricing, products
 from .blocks import BlockWeight
 
 log = logging.getLogger(__name__)
@@ -31,9 +32,13 @@ PACKED_MAX_BYTES = 2 << 30
 #: Which product won, per weight shapes and thread count: measured once per process, so
 #: two decoders of one model compute the same arithmetic (and the same tokens).
 _WEIGHT_MAJOR: dict[tuple[Any, ...], bool] = {}
-#: Whether a prefill on blocks multiplies by prepacked values, per :meth:`_packs_blocks`'s
-#: key: measured once per process (and kept across starts where the cache directory is on).
-_BLOCK_PREFILL: dict[str, bool] = {}
+#: How a prefill on blocks multiplies (one of :data:`BLOCK_PRODUCTS`), per
+#: :meth:`_measure_block_prefill`'s key: measured once per process (and kept across starts
+#: where the cache directory is on).
+_BLOCK_PREFILL: dict[str, str] = {}
+#: The products a prefill on blocks may use: the step kernel's int8 products on the woven
+#: copy (:mod:`.interleave`), oneDNN's prepacked copy of the values, ``F.linear`` on them.
+BLOCK_PRODUCTS = ("int8", "prepacked", "linear")
 
 
 class WeightProducts:
@@ -60,7 +65,7 @@ class WeightProducts:
         self._packed: dict[int, torch.Tensor] = {}
         self._packed_step = False  # whether passes of fewer rows than PACKED_ROWS use them
         self._packed_prefill = False  # whether passes past PACKED_ROWS use them too
-        self._block_prefill: bool | None = None  # :meth:`_packs_blocks`, once measured
+        self._block_prefill: str | None = None  # :meth:`_prefill_product`, once measured
         # On a CPU, a compiled one-token step (specd.compiled) computes products and
         # attention as plain reductions the compiler fuses.
         self._cpu = self.embed.device.type == "cpu"
@@ -120,13 +125,20 @@ class WeightProducts:
         Which one runs is measured when the decoder is built, and so is which passes use
         the prepacked weights (:meth:`pack`).
         """
-        if isinstance(w, BlockWeight):  # a float32 copy for this product, then dropped
+        if isinstance(w, BlockWeight):
             n = x.numel() // x.shape[-1]
-            if n > PACKED_ROWS[-1] and self._packs_blocks():  # a prefill's: oneDNN's layout
+            how = self._prefill_product() if n > PACKED_ROWS[-1] else "linear"
+            if how == "int8" and w.woven is not None and cpu_kernels.available():
+                y = cpu_kernels.product(
+                    x.reshape(n, x.shape[-1]), w.woven.data_ptr(), interleave.code(w),  # type: ignore[arg-type]
+                    w.shape[0], w.shape[1], b,
+                )  # fmt: skip
+                return y.reshape(*x.shape[:-1], -1)
+            if how == "prepacked" and n > PACKED_ROWS[-1]:  # a prefill's: oneDNN's layout
                 packed = products.pack(self._block_values(w))
                 rows = x.reshape(n, x.shape[-1])
                 return products.packed_linear(rows, packed, b).reshape(*x.shape[:-1], -1)
-            return F.linear(x, self._block_values(w), b)
+            return F.linear(x, self._block_values(w), b)  # a float32 copy, then dropped
         lead = x.shape[:-1]
         rows = x.reshape(-1, x.shape[-1])
         n = rows.shape[0]
@@ -157,64 +169,85 @@ class WeightProducts:
             return cpu_kernels.dequantize(w.data_ptr(), w.fmt.code, rows, cols, scratch=True)
         return w.dequantize()
 
-    def _packs_blocks(self) -> bool:
-        """Whether a prefill on blocks multiplies by oneDNN's prepacked copy of each weight's
-        values, made for that pass (with the MLP's operations fused into the products where
-        this torch build fuses them), rather than ``F.linear`` on them. Which is faster
-        depends on the CPU: on the AVX-512 EPYC of docs/benchmarks.md a 1k-token prefill of
-        the default model took 1.47-1.54 s packed against 1.56-1.69 s; on the Zen 3 one the
-        packed products took 1.08-1.11x as long (``scripts/prefill_weights.py auto
-        --blocks-both``). So it is measured, once per CPU, thread count and
-        torch build (:meth:`_measure_block_prefill`), and kept in the cache directory: every
-        decoder of one process, and every start on this machine, runs the same arithmetic
-        and so writes the same tokens."""
-        if not (self.quantized and self._cpu and products.packable()):
-            return False
+    def _prefill_product(self) -> str:
+        """How a prefill on blocks multiplies (one of :data:`BLOCK_PRODUCTS`): by the step
+        kernel's int8 products on the woven copy of each weight (the activations rounded to
+        int8, as a step's are), or by the weight's float32 values decoded for that pass, through
+        oneDNN's prepacked copy of them (with the MLP's operations fused into the products
+        where this torch build fuses them) or ``F.linear``. Which is fastest depends on the CPU:
+        on the Zen 3 EPYC of docs/benchmarks.md the int8 products ran at 1.6-1.8x
+        ``F.linear``'s speed for a prefill's 1,024 rows; on the AVX-512 one, before the int8
+        products were a choice, the prepacked products won (``scripts/prefill_weights.py auto
+        --blocks-all``). So it is measured, once per CPU, thread count and torch build
+        (:meth:`_measure_block_prefill`), and kept in the cache directory: every decoder of one
+        process, and every start on this machine, runs the same arithmetic and so writes the
+        same tokens."""
+        if not (self.quantized and self._cpu):
+            return "linear"
         if self._block_prefill is None:
             self._block_prefill = self._measure_block_prefill()
         return self._block_prefill
 
+    def _prefill_products(self) -> list[str]:
+        """The products of :data:`BLOCK_PRODUCTS` this decoder can use for a prefill: int8
+        where every weight of the first layer has its woven copy (the step kernel's, made at
+        load), prepacked where torch has oneDNN's prepacked linear."""
+        first: Any = self.layers[0]
+        weights = [first.wq, first.wk, first.wv, first.wo, first.wg, first.wu, first.wd]
+        woven = all(isinstance(w, BlockWeight) and w.woven is not None for w in weights)
+        return [
+            how
+            for how in BLOCK_PRODUCTS
+            if how == "linear"
+            or (how == "int8" and woven and cpu_kernels.available())
+            or (how == "prepacked" and products.packable())
+        ]
+
     @torch.inference_mode()
-    def _measure_block_prefill(self) -> bool:
+    def _measure_block_prefill(self) -> str:
         """Time the first layer's products for a pass of :data:`PACKED_PREFILL_ROWS` rows
-        both ways (the faster of three each, alternating) or read the verdict kept for this
-        machine. :returns: whether the prepacked products won."""
+        each way this decoder can (the fastest of three each, alternating) or read the verdict
+        kept for this machine. :returns: the product that won."""
         fast: Any = self
         first = fast.layers[0]
         weights = [first.wq, first.wk, first.wv, first.wo, first.wg, first.wu, first.wd]
+        ways = self._prefill_products()
         key = {
             "kind": "block prefill products", "cpu": pricing.cpu_name(),
             "threads": torch.get_num_threads(), "torch": torch.__version__,
-            "weights": [[_stored_as(w), *w.shape] for w in weights],
+            "weights": [[_stored_as(w), *w.shape] for w in weights], "ways": ways,
+            "kernel": cpu_kernels.isa() if "int8" in ways else None,
         }  # fmt: skip
         name = json.dumps(key, sort_keys=True)
         if name in _BLOCK_PREFILL:
             return _BLOCK_PREFILL[name]
         known = pricing.kept(key, "remembered")
-        if known is not None and isinstance(known.get("packed"), bool):
-            _BLOCK_PREFILL[name] = known["packed"]
-            return known["packed"]
+        if known is not None and known.get("product") in ways:
+            _BLOCK_PREFILL[name] = known["product"]
+            return known["product"]
+        if len(ways) == 1:
+            _BLOCK_PREFILL[name] = ways[0]
+            return ways[0]
         rows, gen = PACKED_PREFILL_ROWS, torch.Generator().manual_seed(0)
         h = torch.randn(1, rows, first.wq.shape[1], generator=gen)
         o = torch.randn(1, fast.n_heads, rows, fast.head_dim, generator=gen)
         cos, sin = fast.rotary_at(torch.arange(rows)[None])
-        best = {True: float("inf"), False: float("inf")}
+        best = {how: float("inf") for how in ways}
         for _ in range(3):
-            for packed in (True, False):
-                self._block_prefill = packed
+            for how in ways:
+                self._block_prefill = how
                 t = time.perf_counter()
                 fast.qkv(first, h, cos, sin)
                 fast.mlp(first, h, o)
-                best[packed] = min(best[packed], time.perf_counter() - t)
-        packed = best[True] < best[False]
+                best[how] = min(best[how], time.perf_counter() - t)
+        won = min(ways, key=lambda how: best[how])
         log.info(
-            "a prefill on blocks multiplies by %s (a layer of %d rows: %.1f ms prepacked, "
-            "%.1f ms F.linear)", "prepacked values" if packed else "F.linear", rows,
-            best[True] * 1e3, best[False] * 1e3,
+            "a prefill on blocks multiplies by %s (a layer of %d rows: %s)", won, rows,
+            ", ".join(f"{how} {best[how] * 1e3:.1f} ms" for how in ways),
         )  # fmt: skip
-        pricing.keep(key, "remembered", {"packed": packed})
-        _BLOCK_PREFILL[name] = packed
-        return packed
+        pricing.keep(key, "remembered", {"product": won})
+        _BLOCK_PREFILL[name] = won
+        return won
 
     def _packed_weight(self, n: int, w: torch.Tensor) -> torch.Tensor | None:
         """The prepacked copy of ``w`` where a product of ``n`` rows uses it (:meth:`pack`)."""
@@ -233,8 +266,8 @@ class WeightProducts:
         not measure faster (a 9-token pass 38-49 ms either way, alternating)."""
         if n <= PACKED_ROWS[-1] or torch.compiler.is_compiling():
             return None
-        if all(isinstance(w, BlockWeight) for w in weights) and self._packs_blocks():
-            if not products.fuses():
+        if all(isinstance(w, BlockWeight) for w in weights):
+            if self._prefill_product() != "prepacked" or not products.fuses():
                 return None
             return [products.pack(self._block_values(w)) for w in weights]  # type: ignore[arg-type]
         if not self._packed or not products.fuses():

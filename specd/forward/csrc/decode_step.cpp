@@ -322,18 +322,11 @@ struct Acts {
     int64_t K, nb;
 };
 
-inline Acts quantize(const float* x, int64_t ldx, int64_t T, int64_t K) {
-    static thread_local std::vector<int8_t> qbuf;  // per thread: products run on every thread
-    static thread_local std::vector<float> fbuf;
-    static thread_local std::vector<int32_t> nbuf;
+// Tokens [i0, i1) of x quantized into q (T x K), d, s and n (T x nb), as Acts describes.
+inline void quantize_tokens(const float* x, int64_t ldx, int64_t i0, int64_t i1, int64_t K, int8_t* q, float* d,
+                            float* s, int32_t* n) {
     const int64_t nb = K / 32;
-    if ((int64_t)qbuf.size() < T * K) qbuf.resize(T * K);
-    if ((int64_t)fbuf.size() < 2 * T * nb) fbuf.resize(2 * T * nb);
-    if ((int64_t)nbuf.size() < T * nb) nbuf.resize(T * nb);
-    int8_t* q = qbuf.data();
-    float *d = fbuf.data(), *s = d + T * nb;
-    int32_t* n = nbuf.data();
-    for (int64_t i = 0; i < T; i++)
+    for (int64_t i = i0; i < i1; i++)
         for (int64_t b = 0; b < nb; b++) {
             const float* xb = x + i * ldx + 32 * b;
             int8_t* qb = q + i * K + 32 * b;
@@ -348,7 +341,27 @@ inline Acts quantize(const float* x, int64_t ldx, int64_t T, int64_t K) {
             s[i * nb + b] = vhsum(vadd(v0, v1));
             n[i * nb + b] = sum;
         }
-    return Acts{q, d, s, n, K, nb};
+}
+
+// Buffers for T tokens' quantized activations, grown and kept by the thread that owns them.
+struct ActsBuffer {
+    std::vector<int8_t> q;
+    std::vector<float> f;
+    std::vector<int32_t> n;
+    Acts at(int64_t T, int64_t K) {
+        const int64_t nb = K / 32;
+        if ((int64_t)q.size() < T * K) q.resize(T * K);
+        if ((int64_t)f.size() < 2 * T * nb) f.resize(2 * T * nb);
+        if ((int64_t)n.size() < T * nb) n.resize(T * nb);
+        return Acts{q.data(), f.data(), f.data() + T * nb, n.data(), K, nb};
+    }
+};
+
+inline Acts quantize(const float* x, int64_t ldx, int64_t T, int64_t K) {
+    static thread_local ActsBuffer buf;  // per thread: products run on every thread
+    const Acts a = buf.at(T, K);
+    quantize_tokens(x, ldx, 0, T, K, (int8_t*)a.q, (float*)a.d, (float*)a.s, (int32_t*)a.n);
+    return a;
 }
 
 // acc[i] = rows 16 g .. 16 g + 15 of the woven weight at G (group g's blocks) . token i0 + i,
@@ -384,31 +397,116 @@ inline void with_count(int64_t n, Fn f) {
     else if constexpr (N > 1) with_count<N - 1>(n, f);
 }
 
-// y[i * ldy + r] = W[r] . x[i * ldx ..] for rows [r0, r1) of a woven weight and T tokens.
+#if defined(SPECD_ISA_AVX2)
+constexpr bool HALF_Q4 = true;
+// AVX2's registers hold a woven Q4 group's sums for four tokens only eight rows at a time:
+// rows 8 h .. 8 h + 7 of group G times tokens i0 .. i0 + NT - 1, over every block, into
+// y[i * ldy + r] (r < 8). Each lane computes what woven_group's does, in the same order;
+// with `fetch`, the weight's next bytes prefetched on the way. Not inlined: inlined into
+// its callers, the compiler's register allocation spilled the sums (1.3x slower).
+template <int NT>
+__attribute__((noinline)) void woven_half_q4(const uint8_t* G, const Acts& a, int64_t i0, int h, float* y, int64_t ldy, bool fetch) {
+    const __m256i low4 = _mm256_set1_epi8(15);
+    const int8_t* const q = a.q + i0 * a.K;  // the fields as locals: no reloads in the loop
+    const float *const ad = a.d + i0 * a.nb, *const as = a.s + i0 * a.nb;
+    const int64_t K = a.K, nb = a.nb;
+    __m256 acc[NT];
+    for (int i = 0; i < NT; i++) acc[i] = _mm256_setzero_ps();
+    const uint8_t* p = G;
+    for (int64_t b = 0; b < nb; b++, p += WovenQ4::BYTES) {
+        if (fetch)
+            for (int64_t c = 0; c < WovenQ4::BYTES; c += 64) specd::prefetch(p + PREFETCH_AHEAD + c);
+        __m256i s[NT];
+        for (int i = 0; i < NT; i++) s[i] = _mm256_setzero_si256();
+        for (int k = 0; k < 4; k++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i*)(p + 64 * k + 32 * h));
+            const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+            for (int i = 0; i < NT; i++) {
+                const int8_t* x = q + i * K + 32 * b;
+#if defined(__AVXVNNI__)
+                s[i] = _mm256_dpbusd_avx_epi32(s[i], lo, x4_at(x, k));
+                s[i] = _mm256_dpbusd_avx_epi32(s[i], hi, x4_at(x, 4 + k));
+#else
+                s[i] = _mm256_add_epi16(s[i], _mm256_maddubs_epi16(lo, x4_at(x, k)));
+                s[i] = _mm256_add_epi16(s[i], _mm256_maddubs_epi16(hi, x4_at(x, 4 + k)));
+#endif
+                // each sum kept in its register: left free, the compiler regroups the adds
+                // into trees of products waiting on the stack
+                __asm__("" : "+x"(s[i]));
+            }
+        }
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 256 + 16 * h)));
+        const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 288 + 16 * h)));
+        for (int i = 0; i < NT; i++) {
+#if !defined(__AVXVNNI__)
+            s[i] = _mm256_madd_epi16(s[i], _mm256_set1_epi16(1));
+#endif
+            acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s[i]), d), _mm256_set1_ps(ad[i * nb + b]), acc[i]);
+            acc[i] = _mm256_fmadd_ps(m, _mm256_set1_ps(as[i * nb + b]), acc[i]);
+        }
+    }
+    for (int i = 0; i < NT; i++) _mm256_storeu_ps(y + i * ldy, acc[i]);
+}
+#else
+constexpr bool HALF_Q4 = false;  // the other instruction sets' registers hold whole groups
+template <int NT>
+void woven_half_q4(const uint8_t*, const Acts&, int64_t, int, float*, int64_t, bool) {}
+#endif
+
+// Tokens are taken this many at a time over every group of rows: their activations stay in
+// L2 while the groups' weights pass through L1 (a prefill's thousand tokens would not).
+constexpr int64_t TOKEN_TILE = 64;
+
+// y[i * ldy + r] = W[r] . token i for rows [r0, r1) of a woven weight and the T tokens of a.
+template <class F>
+inline void woven_rows(const uint8_t* W, const Acts& a, int64_t T, int64_t r0, int64_t r1, float* y,
+                       int64_t ldy) {
+    for (int64_t t0 = 0; t0 < T; t0 += TOKEN_TILE) {
+        const int64_t t1 = T - t0 < TOKEN_TILE ? T : t0 + TOKEN_TILE;
+        for (int64_t g = r0 / 16; 16 * g < r1; g++) {
+            const uint8_t* G = W + g * a.nb * F::BYTES;
+            const int64_t lo = (r0 > 16 * g ? r0 : 16 * g) - 16 * g, hi = (r1 < 16 * g + 16 ? r1 : 16 * g + 16) - 16 * g;
+            const bool whole = lo == 0 && hi == 16;
+            // AVX2, Q4, three tokens or more (one or two stream the weight from memory: the
+            // halves' two passes over each group measured no faster there than one over both)
+            const bool halves = HALF_Q4 && std::is_same<F, WovenQ4>::value && t1 - t0 > 2;
+            if (halves && whole) {  // each half of the rows for every token of the tile in turn
+                for (int h = 0; h < 2; h++)
+                    for (int64_t i0 = t0; i0 < t1; i0 += QDOT_TOKENS)
+                        with_count<QDOT_TOKENS>(t1 - i0 < QDOT_TOKENS ? t1 - i0 : QDOT_TOKENS, [&](auto NT) {
+                            woven_half_q4<decltype(NT)::value>(G, a, i0, h, y + i0 * ldy + 16 * g + 8 * h, ldy,
+                                                               i0 == 0 && h == 0);
+                        });
+                continue;
+            }
+            for (int64_t i0 = t0; i0 < t1; i0 += QDOT_TOKENS) {
+                const int64_t n = t1 - i0 < QDOT_TOKENS ? t1 - i0 : QDOT_TOKENS;
+                alignas(64) float part[QDOT_TOKENS][16];  // a group cut by the rows asked for
+                float* out = whole ? y + i0 * ldy + 16 * g : &part[0][0];
+                const int64_t ld = whole ? ldy : 16;
+                if (halves) {
+                    with_count<QDOT_TOKENS>(n, [&](auto NT) {
+                        for (int h = 0; h < 2; h++) woven_half_q4<decltype(NT)::value>(G, a, i0, h, out + 8 * h, ld, false);
+                    });
+                } else {
+                    V16 acc[QDOT_TOKENS];
+                    with_count<QDOT_TOKENS>(n, [&](auto NT) { woven_group<F, decltype(NT)::value>(G, a, i0, acc, i0 == 0); });
+                    for (int64_t i = 0; i < n; i++) vstore(out + i * ld, acc[i]);
+                }
+                if (!whole)
+                    for (int64_t i = 0; i < n; i++)
+                        for (int64_t l = lo; l < hi; l++) y[(i0 + i) * ldy + 16 * g + l] = part[i][l];
+            }
+        }
+    }
+}
+
+// The same for float activations x [T, ldx], quantized here on this thread.
 template <class F>
 inline void woven_rows(const uint8_t* W, int64_t K, const float* x, int64_t ldx, int64_t T,
                        int64_t r0, int64_t r1, float* y, int64_t ldy) {
     if (r0 >= r1) return;
-    const Acts a = quantize(x, ldx, T, K);
-    for (int64_t g = r0 / 16; 16 * g < r1; g++) {
-        const uint8_t* G = W + g * a.nb * F::BYTES;
-        const int64_t lo = (r0 > 16 * g ? r0 : 16 * g) - 16 * g, hi = (r1 < 16 * g + 16 ? r1 : 16 * g + 16) - 16 * g;
-        for (int64_t i0 = 0; i0 < T; i0 += QDOT_TOKENS) {
-            const int64_t n = T - i0 < QDOT_TOKENS ? T - i0 : QDOT_TOKENS;
-            V16 acc[QDOT_TOKENS];
-            with_count<QDOT_TOKENS>(n, [&](auto NT) { woven_group<F, decltype(NT)::value>(G, a, i0, acc, i0 == 0); });
-            for (int64_t i = 0; i < n; i++) {
-                float* out = y + (i0 + i) * ldy + 16 * g;
-                if (lo == 0 && hi == 16) {
-                    vstore(out, acc[i]);
-                } else {  // a group cut by the rows asked for
-                    alignas(64) float all[16];
-                    vstore(all, acc[i]);
-                    for (int64_t l = lo; l < hi; l++) out[l] = all[l];
-                }
-            }
-        }
-    }
+    woven_rows<F>(W, quantize(x, ldx, T, K), T, r0, r1, y, ldy);
 }
 
 // y[i * ldy + r] = W[r] . x[i * ldx ..] for rows r in [r0, r0 + R) and NT tokens i: each
@@ -769,6 +867,31 @@ void specd_dequantize(const void* weight, int32_t format, int64_t rows, int64_t 
 // a block format, of 256 for a K-quant).
 void specd_product(const void* weight, int32_t format, int64_t N, int64_t K, const float* x,
                    int64_t T, const float* b, float* y, int threads) {
+    if (format == Q4X16 || format == Q8X16) {
+        // the activations quantized once, each thread its share of the tokens, then shared
+        static thread_local ActsBuffer buf;
+        const Acts a = buf.at(T, K);
+#pragma omp parallel num_threads(threads)
+        {
+            const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+            quantize_tokens(x, K, T * t / nt, T * (t + 1) / nt, K, (int8_t*)a.q, (float*)a.d, (float*)a.s,
+                            (int32_t*)a.n);
+#pragma omp barrier
+            int64_t lo, hi;
+            share_rows(N, t, nt, &lo, &hi);
+            if (lo < hi) {
+                const uint8_t* p = (const uint8_t*)weight;
+                if (format == Q4X16)
+                    woven_rows<WovenQ4>(p, a, T, lo, hi, y, N);
+                else
+                    woven_rows<WovenQ8>(p, a, T, lo, hi, y, N);
+                if (b != nullptr)
+                    for (int64_t i = 0; i < T; i++)
+                        for (int64_t r = lo; r < hi; r++) y[i * N + r] += b[r];
+            }
+        }
+        return;
+    }
 #pragma omp parallel num_threads(threads)
     {
         int64_t lo, hi;
