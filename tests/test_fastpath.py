@@ -448,6 +448,27 @@ def test_a_long_prefill_on_woven_blocks_runs_the_int8_products(monkeypatch, weig
             assert 0 < err < 0.05, (i, float(err))  # rounded to int8, and only that
 
 
+def test_a_short_prefill_runs_as_step_passes_only_where_the_lean_passes_are_slower():
+    """Guards against short prompts kept on the step kernel's passes when the lean forward's
+    int8 products serve them faster (or sent to the lean forward's float32 copies when they
+    do not): a prompt of one pass runs the step kernel; one of up to STEP_PREFILL_TOKENS
+    runs the step kernel unless a prefill multiplies by the int8 products."""
+    from specd.forward.passes import STEP_PREFILL_TOKENS
+    from specd.forward.tiny import tiny_blocks_target
+
+    if not cpu_kernels.available():
+        pytest.skip(f"the CPU kernels do not run here: {cpu_kernels.reason}")
+    target = tiny_blocks_target(VOCAB, "q4", seed=3)
+    assert target.fast is not None and target.compiled is not None and target.compiled.ready
+    one = target.compiled.max_tokens
+    for how, short in (("int8", False), ("prepacked", True), ("linear", True)):
+        target.fast._block_prefill = how
+        assert target._prefill_steps(one), how
+        assert target._prefill_steps(one + 1) is short, how
+        assert target._prefill_steps(STEP_PREFILL_TOKENS) is short, how
+        assert not target._prefill_steps(STEP_PREFILL_TOKENS + 1), how
+
+
 @pytest.mark.parametrize("fastest", ["int8", "prepacked", "linear"])
 def test_a_prefill_on_blocks_multiplies_the_way_that_measured_faster(
     monkeypatch, tmp_path, fastest

@@ -14,8 +14,9 @@ PREFILL_CHUNK = 256
 #: (1,024 tokens: 1.6 s in one pass, 1.8 s in chunks of 256, on a 2-core CPU).
 FIRST_CHUNK = 2048
 #: Prompts up to this many tokens on weights stored as blocks prefill as passes of the step
-#: kernel (16 tokens each); longer ones multiply by float32 copies of the weights, made once
-#: per pass of :data:`PREFILL_CHUNK` tokens.
+#: kernel (16 tokens each) where the lean forward's passes multiply by float32 copies of the
+#: weights, made once per pass; where they multiply by the int8 products, only a prompt of
+#: one step pass does (:meth:`~.target.Target._prefill_steps`).
 STEP_PREFILL_TOKENS = 256
 
 

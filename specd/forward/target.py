@@ -283,16 +283,23 @@ class Target:
 
     def _prefill_steps(self, n: int) -> bool:
         """Whether a prefill of ``n`` tokens runs as passes of the step kernel: where the
-        weights are blocks and the prompt is short (:data:`STEP_PREFILL_TOKENS`), since any
-        other pass multiplies by a float32 copy of every weight, made for that pass."""
-        return (
+        weights are blocks and the prompt fits one pass, or is short
+        (:data:`STEP_PREFILL_TOKENS`) and the lean forward's passes multiply by a float32
+        copy of every weight, made for that pass. Where they multiply by the int8 products
+        instead (:meth:`~.weight_products.WeightProducts._prefill_product`), the lean
+        forward's passes took 0.72-0.95x the step kernel's time from 32 tokens up on the Zen
+        3 EPYC of docs/benchmarks.md."""
+        if not (
             self.fast is not None
             and self.fast.quantized
             and self.compiled is not None
             and self.compiled.ready
             and self.compiled.backend == "kernel"
-            and n <= STEP_PREFILL_TOKENS
-        )
+        ):
+            return False
+        if n <= self.compiled.max_tokens:
+            return True
+        return n <= STEP_PREFILL_TOKENS and self.fast._prefill_product() != "int8"
 
     @torch.inference_mode()
     def forward(
