@@ -39,6 +39,8 @@ class NgramDrafter(Drafter):
     ) -> None:
         self.min_n = int(min_n)
         self.max_n = int(max_n)
+        if not 1 <= self.min_n <= self.max_n:
+            raise ValueError(f"need 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
         self.max_draft = int(max_draft)
         self.use_corpus = bool(use_corpus)
         self.branches = max(1, int(branches))
@@ -46,16 +48,26 @@ class NgramDrafter(Drafter):
         self._index = self._new_index(())
 
     def _new_index(self, tokens: Iterable[int]) -> NgramIndex:
-        return NgramIndex(tokens, min_n=self.min_n, max_n=self.max_n, keep=self.branches)
+        # one-token n-grams too, whatever min_n says: propose_weak matches them
+        return NgramIndex(tokens, min_n=1, max_n=self.max_n, keep=self.branches)
 
     def start(self, ctx: DraftContext) -> None:
         self._index = self._new_index(ctx.tokens)
 
     def propose(self, ctx: DraftContext, budget: int) -> Draft | None:
         budget = min(budget, self.max_draft)
-        options = self._index.continuations(self._index.tokens, budget, self.branches)
+        options = self._index.continuations(self._index.tokens, budget, self.branches, self.min_n)
         if not options and self.use_corpus and ctx.corpus is not None:
             options = [ctx.corpus.lookup(self._index.tokens, budget)]
+        return _trie(options, budget, self.branch_len)
+
+    def propose_weak(self, ctx: DraftContext, budget: int) -> Draft | None:
+        """The request's own continuation of its last token alone where :meth:`propose`
+        found none (its ``min_n`` above one): what a combining drafter asks when no other
+        part drafts this step (``hybrid``, whose n-gram part leaves one-token matches to the
+        parts after it while they pay). The corpus is not searched again."""
+        budget = min(budget, self.max_draft)
+        options = self._index.continuations(self._index.tokens, budget, self.branches)
         return _trie(options, budget, self.branch_len)
 
     def commit(self, ctx: DraftContext, new_tokens: Sequence[int], accepted: int) -> None:

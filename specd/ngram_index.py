@@ -66,21 +66,25 @@ class NgramIndex:
         :meth:`match` (they fail its bounds check), so this costs O(removed)."""
         del self.tokens[length:]
 
-    def match(self, suffix: Sequence[int]) -> tuple[int, int]:
-        """Find the longest n (max_n down to min_n) whose last n tokens of ``suffix`` occur in
-        the index. :returns: (continuation start, n), or (-1, 0) when nothing matches."""
+    def match(self, suffix: Sequence[int], least: int = 1) -> tuple[int, int]:
+        """Find the longest n (max_n down to min_n, and to ``least`` at the shortest) whose
+        last n tokens of ``suffix`` occur in the index. :returns: (continuation start, n), or
+        (-1, 0) when nothing matches."""
         toks = self.tokens
-        for n in range(min(self.max_n, len(suffix)), self.min_n - 1, -1):
+        for n in range(min(self.max_n, len(suffix)), max(self.min_n, least) - 1, -1):
             key = tuple(suffix[len(suffix) - n :])
             pos = self._index.get(key)
             if pos is not None and pos < len(toks) and tuple(toks[pos - n : pos]) == key:
                 return pos, n
         return -1, 0
 
-    def continuations(self, suffix: Sequence[int], budget: int, limit: int) -> list[list[int]]:
-        """Up to ``limit`` continuations of the longest matching n-gram, most recent first,
-        each starting with a different token (needs ``keep > 1`` for more than one)."""
-        pos, n = self.match(suffix)
+    def continuations(
+        self, suffix: Sequence[int], budget: int, limit: int, least: int = 1
+    ) -> list[list[int]]:
+        """Up to ``limit`` continuations of the longest matching n-gram of at least ``least``
+        tokens, most recent first, each starting with a different token (needs ``keep > 1``
+        for more than one)."""
+        pos, n = self.match(suffix, least)
         if pos < 0 or budget <= 0:
             return []
         key = tuple(suffix[len(suffix) - n :])

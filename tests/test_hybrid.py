@@ -221,6 +221,29 @@ def test_a_one_token_ngram_match_leaves_the_step_to_the_next_part():
         assert draft.tokens[0] == (9 if asked else 2)
 
 
+def test_a_one_token_match_is_drafted_where_no_later_part_drafts():
+    """Bug guarded: where the head drafted nothing (or was priced out) hybrid drafted nothing
+    on a one-token match that ``ngram`` alone drafts: fewer tokens a step than ``ngram``. The
+    n-gram part's weak guess is asked then, unless the user set its ``min_n``."""
+    tokens = [1, 2, 3, 1]  # the last token seen once before: a one-token match only
+    for options, weak in (({}, True), ({"ngram.min_n": 2}, False)):
+        h = HybridDrafter(drafters="ngram,eagle", **{"eagle.head": "random", **options})
+        second = Fixed(None)
+        h.parts[1] = second
+        c = DraftContext(
+            tokens=tokens, params=SamplingParams(), generator=torch.Generator(), vocab_size=VOCAB
+        )
+        h.parts[0].start(c)
+        draft = h.propose(c, 4)
+        assert second.budgets == [4], options  # the next part was asked first
+        if weak:
+            assert draft is not None and draft.tokens == [2, 3, 1]
+        else:
+            assert draft is None
+        h.commit(c, [2], 1)
+        assert h.records[1].tokens == 0  # the weak guess's token is not the head's
+
+
 def test_the_ngram_default_gives_way_to_a_shorter_max_n():
     """Bug guarded: ``ngram.max_n=1`` inside hybrid was refused for a ``min_n`` the user
     never gave."""

@@ -11,7 +11,9 @@ start, commit and finish, so each keeps its own state in step.
 
 Parts named in :data:`PART_DEFAULTS` get those options unless given others, when parts come
 after them: the n-gram part matches at least two tokens, so a one-token match (a weak
-guess) leaves the step to the parts after it.
+guess) leaves the step to the parts after it. Where no part drafts a step (those after it
+priced out, or drafting nothing), such a part is asked again for its weak guess
+(``propose_weak``), as it would have drafted alone.
 
 A part that cannot draft for the target (its ``start`` raises :class:`DrafterUnavailable`,
 e.g. ``eagle`` for a model with no head) is dropped for good, the reason logged once, and
@@ -120,6 +122,14 @@ class HybridDrafter(Drafter):
         self.parts = [
             make_drafter(n, self._options(n, i == last) or None) for i, n in enumerate(names)
         ]
+        # parts holding PART_DEFAULTS' options, asked for their weak guess where none drafts
+        self._weak = [
+            i
+            for i, n in enumerate(names)
+            if i != last
+            and not set(PART_DEFAULTS.get(n, {})) & set(self._given[n])
+            and callable(getattr(self.parts[i], "propose_weak", None))
+        ]
         # what its parts do, as they come and go
         self.wants_hidden = any(p.wants_hidden for p in self.parts)
         self.reads_cache = any(p.reads_cache for p in self.parts)
@@ -180,6 +190,15 @@ class HybridDrafter(Drafter):
             left -= nodes
             if nodes >= self.min_len:
                 break
+        if not drafts:  # no part drafted: a weak guess, as the part alone would make it
+            for i in self._weak:
+                t = clock()
+                draft = self.parts[i].propose_weak(ctx, budget)  # type: ignore[attr-defined]
+                nodes = 0 if draft is None else len(draft)
+                self._asked.append((i, nodes, clock() - t))
+                if draft is not None and nodes:
+                    drafts.append(draft)
+                    break
         out = merge(drafts, budget) if drafts else None
         self._last = (start, clock() - start, 0 if out is None else len(out))
         return out
