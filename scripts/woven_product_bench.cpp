@@ -1,14 +1,15 @@
 // The step kernel's int8 products alone, on synthetic woven weights (random nibbles or
-// bytes, scales near 0.01): milliseconds of specd_product for passes of 1, 2, 4 and 8 tokens,
-// nanoseconds per woven block (16 rows by 32 values) and token on each thread, and the bytes
-// read per second. A matrix larger than the last-level cache shows the memory-bound step;
-// the wider passes show the arithmetic.
+// bytes, scales near 0.01): milliseconds of specd_product for passes of 1, 2, 4 and 8 tokens
+// and a prefill's 64 and 1,024, nanoseconds per woven block (16 rows by 32 values) and token
+// on each thread, and the bytes read per second. A matrix larger than the last-level cache
+// shows the memory-bound step; the wider passes show the arithmetic.
 //
 //   g++ -O3 -std=c++17 -ffp-contract=off -fopenmp -mavx2 -mfma -mf16c -DSPECD_ISA_AVX2 \
 //       scripts/woven_product_bench.cpp specd/forward/csrc/decode_step.cpp -o /tmp/wpb
 //   /tmp/wpb 10 98304 1    # woven Q4 (code 10), 98,304 rows of 576, one thread
 //   /tmp/wpb 11 49152 2    # woven Q8 (code 11): the default model's LM head, two threads
-//   /tmp/wpb maddubs       # x86-64: nanoseconds per vpmaddubsw (+ vpaddw), eight chains
+//   /tmp/wpb 10 1536 1 576 # 1,536 rows of 576 (an MLP's gate), one thread
+//   /tmp/wpb maddubs       # x86-64: nanoseconds per vpmaddubsw, eight independent chains
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -17,24 +18,43 @@
 #include <cstring>
 #if defined(__AVX2__)
 #include <immintrin.h>
-// The throughput of AVX2's byte multiply-add alone: eight independent chains of
-// vpmaddubsw + vpaddw, the inputs hidden from the compiler each round.
+// The throughput of AVX2's byte multiply-add alone: eight independent chains of vpmaddubsw
+// in registers, the inputs hidden from the compiler each round (so it neither merges the
+// chains nor keeps them in memory), then the same with a vpaddw after each.
 static int maddubs_rate() {
-    __m256i a[8], w[4];
-    for (int i = 0; i < 8; i++) a[i] = _mm256_setzero_si256();
-    for (int i = 0; i < 4; i++) w[i] = _mm256_set1_epi8((char)(i + 1));
-    __m256i x = _mm256_set1_epi8(5);
+    __m256i a0 = _mm256_set1_epi8(1), a1 = _mm256_set1_epi8(2), a2 = _mm256_set1_epi8(3), a3 = _mm256_set1_epi8(4);
+    __m256i a4 = _mm256_set1_epi8(5), a5 = _mm256_set1_epi8(6), a6 = _mm256_set1_epi8(7), a7 = _mm256_set1_epi8(8);
+    __m256i x = _mm256_set1_epi8(3);
     const long n = 100000000;
-    auto t0 = std::chrono::steady_clock::now();
-    for (long r = 0; r < n; r++) {
-        __asm__ volatile("" : "+x"(w[0]), "+x"(w[1]), "+x"(w[2]), "+x"(w[3]), "+x"(x));
-        for (int i = 0; i < 8; i++)
-            a[i] = _mm256_add_epi16(a[i], _mm256_maddubs_epi16(w[i % 4], i < 4 ? x : w[(i + 1) % 4]));
+    for (int add = 0; add < 2; add++) {
+        auto t0 = std::chrono::steady_clock::now();
+        for (long r = 0; r < n; r++) {
+            __asm__ volatile("" : "+x"(a0), "+x"(a1), "+x"(a2), "+x"(a3), "+x"(a4), "+x"(a5), "+x"(a6), "+x"(a7), "+x"(x));
+            if (add) {
+                a0 = _mm256_add_epi16(_mm256_maddubs_epi16(a0, x), x);
+                a1 = _mm256_add_epi16(_mm256_maddubs_epi16(a1, x), x);
+                a2 = _mm256_add_epi16(_mm256_maddubs_epi16(a2, x), x);
+                a3 = _mm256_add_epi16(_mm256_maddubs_epi16(a3, x), x);
+                a4 = _mm256_add_epi16(_mm256_maddubs_epi16(a4, x), x);
+                a5 = _mm256_add_epi16(_mm256_maddubs_epi16(a5, x), x);
+                a6 = _mm256_add_epi16(_mm256_maddubs_epi16(a6, x), x);
+                a7 = _mm256_add_epi16(_mm256_maddubs_epi16(a7, x), x);
+            } else {
+                a0 = _mm256_maddubs_epi16(a0, x);
+                a1 = _mm256_maddubs_epi16(a1, x);
+                a2 = _mm256_maddubs_epi16(a2, x);
+                a3 = _mm256_maddubs_epi16(a3, x);
+                a4 = _mm256_maddubs_epi16(a4, x);
+                a5 = _mm256_maddubs_epi16(a5, x);
+                a6 = _mm256_maddubs_epi16(a6, x);
+                a7 = _mm256_maddubs_epi16(a7, x);
+            }
+        }
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        __m256i t = _mm256_add_epi16(_mm256_add_epi16(_mm256_add_epi16(a0, a1), _mm256_add_epi16(a2, a3)),
+                                     _mm256_add_epi16(_mm256_add_epi16(a4, a5), _mm256_add_epi16(a6, a7)));
+        printf("%.3f ns per vpmaddubsw%s (%d)\n", s * 1e9 / (n * 8.0), add ? " + vpaddw" : "", _mm256_extract_epi16(t, 0));
     }
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    __m256i t = a[0];
-    for (int i = 1; i < 8; i++) t = _mm256_add_epi16(t, a[i]);
-    printf("%.3f ns per vpmaddubsw + vpaddw (%d)\n", s * 1e9 / (n * 8.0), _mm256_extract_epi16(t, 0));
     return 0;
 }
 #endif
@@ -46,11 +66,11 @@ int main(int argc, char** argv) {
     if (argc == 2 && strcmp(argv[1], "maddubs") == 0) return maddubs_rate();
 #endif
     if (argc < 4) {
-        fprintf(stderr, "usage: %s 10|11 ROWS THREADS, or %s maddubs\n", argv[0], argv[0]);
+        fprintf(stderr, "usage: %s 10|11 ROWS THREADS [COLS], or %s maddubs\n", argv[0], argv[0]);
         return 2;
     }
     int code = atoi(argv[1]);  // 10 woven Q4, 11 woven Q8
-    int64_t N = atol(argv[2]), K = 576;
+    int64_t N = atol(argv[2]), K = argc > 4 ? atol(argv[4]) : 576;
     int threads = atoi(argv[3]);
     int64_t bytes = (code == 10 ? 320 : 544);
     std::vector<uint8_t> w(N / 16 * (K / 32) * bytes);
@@ -61,9 +81,11 @@ int main(int argc, char** argv) {
         uint8_t* p = w.data() + blk * bytes + (code == 10 ? 256 : 512);
         for (int l = 0; l < (code == 10 ? 32 : 16); l++) { uint16_t h = 0x2000 + (rand() & 0xff); memcpy(p + 2 * l, &h, 2); }
     }
-    std::vector<float> x(16 * K), y(16 * N);
+    const int64_t most = N <= 4096 ? 1024 : 8;  // a prefill's tokens where the output stays small
+    std::vector<float> x(most * K), y(most * N);
     for (auto& v : x) v = (rand() % 2000 - 1000) / 1000.0f;
-    for (int T : {1, 2, 4, 8}) {
+    for (int T : {1, 2, 4, 8, 64, 1024}) {
+        if (T > most) break;
         double best = 1e9;
         for (int r = 0; r < 15; r++) {
             auto t0 = std::chrono::steady_clock::now();
