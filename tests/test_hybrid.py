@@ -136,6 +136,27 @@ def test_a_later_part_whose_drafts_do_not_pay_is_asked_only_to_probe(monkeypatch
     assert len(second.budgets) == 3 * (PROBE_EVERY + 1)
 
 
+def test_calls_on_one_step_decide_alike_and_the_probes_count_steps(monkeypatch):
+    """Bug guarded (``specd verify``'s q-honesty check): a priced-out part counted calls, not
+    steps, so calling propose again on the same context probed it on the ninth call and
+    drafted otherwise: a deterministic draft that changed with the call."""
+    h, (_, second) = hybrid(None, Draft.chain([9, 9]))
+    steps(monkeypatch, h, 0, 1, Clock())  # asked once, accepted nothing: priced out
+    c = ctx()
+    c.target = Priced()  # type: ignore[assignment]
+    asked = len(second.budgets)
+    drafts = [h.propose(c, 4) for _ in range(3 * PROBE_EVERY)]
+    assert len(second.budgets) == asked and all(d is None for d in drafts)
+    assert h.records[1].skipped == 0  # no step has passed yet
+    h.commit(c, [1], 0)
+    assert h.records[1].skipped == 1
+    for _ in range(PROBE_EVERY - 1):
+        h.propose(c, 4)
+        h.commit(c, [1], 0)
+    h.propose(c, 4)  # the probe, PROBE_EVERY steps on
+    assert len(second.budgets) == asked + 1
+
+
 def test_a_part_that_pays_again_is_probed_soon_after_it_stops(monkeypatch):
     """Guards against a wait that only grows: once the part paid, a new spell of not paying
     starts from PROBE_EVERY steps again."""

@@ -117,6 +117,10 @@ class HybridDrafter(Drafter):
         self._step_s: float | None = None  # a one-token target step's recent seconds
         self._last: tuple[float, float, int] | None = None  # start, seconds, nodes of a proposal
         self._asked: list[tuple[int, int, float]] = []  # the last proposal's parts: i, nodes, s
+        # the last proposal's parts after the first that were priced out / asked to probe:
+        # their records move on at the commit, once a step, however often propose is called
+        self._skipped: set[int] = set()
+        self._probes: set[int] = set()
         self._commits = 0
         last = len(names) - 1
         self.parts = [
@@ -147,6 +151,7 @@ class HybridDrafter(Drafter):
 
     def start(self, ctx: DraftContext) -> None:
         self._last, self._asked, self._commits = None, [], 0  # the records outlast requests
+        self._skipped, self._probes = set(), set()
         hidden = ctx.hidden
         i = 0
         while i < len(self.parts):
@@ -170,12 +175,13 @@ class HybridDrafter(Drafter):
         start = clock()
         self._time_step(ctx, start)
         drafts: list[Draft] = []
-        self._asked = []
+        self._asked, self._skipped, self._probes = [], set(), set()
         left = budget
         for i, part in enumerate(self.parts):
             if left <= 0:
                 break
             if i > 0 and not self._pays(ctx, i, budget - left):
+                self._skipped.add(i)
                 continue
             t = clock()
             draft = part.propose(ctx, left)
@@ -221,7 +227,8 @@ class HybridDrafter(Drafter):
         """Whether part ``i`` is worth asking after ``nodes_before`` nodes drafted: its
         accepted draft tokens per call against the pass width its nodes add and its own time,
         in one-token steps (asked where never asked, and to probe after ``rec.wait`` steps
-        without it)."""
+        without it). The same answer for every call on one step: the record moves on at the
+        commit (:meth:`_step_records`)."""
         rec = self.records[i]
         if rec.tokens is None or ctx.target is None:
             return True
@@ -232,16 +239,30 @@ class HybridDrafter(Drafter):
             cost += rec.seconds / self._step_s
         rec.price = cost
         if rec.tokens >= cost:
-            rec.skipped, rec.wait = 0, PROBE_EVERY
             return True
-        if rec.skipped >= rec.wait:  # a probe; the next one waits longer unless this pays
-            rec.skipped, rec.wait = 0, min(2 * rec.wait, PROBE_MAX)
+        if rec.skipped >= rec.wait:  # a probe
+            self._probes.add(i)
             return True
-        rec.skipped += 1
         return False
+
+    def _step_records(self) -> None:
+        """A step's move of the records of the parts after the first: one priced out counts
+        the step; one asked to probe waits twice as long for the next probe (unless its call
+        wins its price, :meth:`Record.probed`); one asked because it pays waits the least."""
+        asked = {i for i, _, _ in self._asked}
+        for i in range(1, len(self.records)):
+            rec = self.records[i]
+            if i in self._skipped:
+                rec.skipped += 1
+            elif i in self._probes:
+                rec.skipped, rec.wait = 0, min(2 * rec.wait, PROBE_MAX)
+            elif i in asked:
+                rec.skipped, rec.wait = 0, PROBE_EVERY
+        self._skipped, self._probes = set(), set()
 
     def commit(self, ctx: DraftContext, new_tokens: Sequence[int], accepted: int) -> None:
         self._commits += 1
+        self._step_records()
         # the accepted draft tokens past the nodes of the parts asked before each part:
         # merged in the order asked, a part's nodes follow theirs
         before = 0

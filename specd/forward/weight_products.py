@@ -2,9 +2,10 @@
 layout) for the passes where they measure faster, weight-major products of a few rows where
 those do, and for weights stored as blocks, whichever of three products measured fastest for
 a prefill's passes: the step kernel's int8 products on the woven copy, or the values decoded
-for one product (multiplied by ``F.linear``, or packed for that pass). :class:`WeightProducts` is the part of
-:class:`~specd.forward.fastpath.FastDecoder` that chooses and runs them; it reads the decoder's
-``layers``, ``embed``, ``lm_head`` and ``quantized``."""
+for one product (multiplied by ``F.linear``, or packed for that pass).
+:class:`WeightProducts` is the part of :class:`~specd.forward.fastpath.FastDecoder` that
+chooses and runs them; it reads the decoder's ``layers``, ``embed``, ``lm_head`` and
+``quantized``."""
 
 from __future__ import annotations
 
@@ -175,10 +176,10 @@ class WeightProducts:
         int8, as a step's are), or by the weight's float32 values decoded for that pass, through
         oneDNN's prepacked copy of them (with the MLP's operations fused into the products
         where this torch build fuses them) or ``F.linear``. Which is fastest depends on the CPU:
-        on the Zen 3 EPYC of docs/benchmarks.md the int8 products ran at 1.6-1.8x
-        ``F.linear``'s speed for a prefill's 1,024 rows; on the AVX-512 one, before the int8
-        products were a choice, the prepacked products won (``scripts/prefill_weights.py auto
-        --blocks-all``). So it is measured, once per CPU, thread count and torch build
+        on the Zen 3 EPYC of docs/benchmarks.md a 1k-token prefill on the int8 products took
+        0.74x ``F.linear``'s time and 0.62x the prepacked products'; on the AVX-512 one, before
+        the int8 products were a choice, the prepacked products won
+        (``scripts/prefill_weights.py auto --blocks-all``). So it is measured, once per CPU, thread count and torch build
         (:meth:`_measure_block_prefill`), and kept in the cache directory: every decoder of one
         process, and every start on this machine, runs the same arithmetic and so writes the
         same tokens."""
