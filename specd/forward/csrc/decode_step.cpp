@@ -398,59 +398,84 @@ inline void with_count(int64_t n, Fn f) {
 }
 
 #if defined(SPECD_ISA_AVX2)
-constexpr bool HALF_Q4 = true;
-// AVX2's registers hold a woven Q4 group's sums for four tokens only eight rows at a time:
-// rows 8 h .. 8 h + 7 of group G times tokens i0 .. i0 + NT - 1, over every block, into
-// y[i * ldy + r] (r < 8). Each lane computes what woven_group's does, in the same order;
-// with `fetch`, the weight's next bytes prefetched on the way. Not inlined: inlined into
-// its callers, the compiler's register allocation spilled the sums (1.3x slower).
-template <int NT>
-__attribute__((noinline)) void woven_half_q4(const uint8_t* G, const Acts& a, int64_t i0, int h, float* y, int64_t ldy, bool fetch) {
-    const __m256i low4 = _mm256_set1_epi8(15);
+constexpr bool HALVES = true;
+// AVX2's registers hold a woven group's sums for four tokens only eight rows at a time: rows
+// 8 h .. 8 h + 7 of group G (Q4 or Q8, as F says) times tokens i0 .. i0 + NT - 1, over every
+// block, into y[i * ldy + r] (r < 8). Each lane computes what woven_group's does, in the same
+// order; with `fetch`, the weight's next bytes prefetched on the way. Not inlined: inlined
+// into its callers, the compiler's register allocation spilled the sums (1.3x slower).
+template <class F, int NT>
+__attribute__((noinline)) void woven_half(const uint8_t* G, const Acts& a, int64_t i0, int h, float* y, int64_t ldy,
+                                          bool fetch) {
+    constexpr bool Q8 = std::is_same<F, WovenQ8>::value;
+    const __m256i low4 = _mm256_set1_epi8(15), flip = _mm256_set1_epi8((char)0x80);
     const int8_t* const q = a.q + i0 * a.K;  // the fields as locals: no reloads in the loop
     const float *const ad = a.d + i0 * a.nb, *const as = a.s + i0 * a.nb;
+    const int32_t* const an = a.n + i0 * a.nb;
     const int64_t K = a.K, nb = a.nb;
+    (void)low4, (void)flip, (void)as, (void)an;
     __m256 acc[NT];
     for (int i = 0; i < NT; i++) acc[i] = _mm256_setzero_ps();
     const uint8_t* p = G;
-    for (int64_t b = 0; b < nb; b++, p += WovenQ4::BYTES) {
+    for (int64_t b = 0; b < nb; b++, p += F::BYTES) {
         if (fetch)
-            for (int64_t c = 0; c < WovenQ4::BYTES; c += 64) specd::prefetch(p + PREFETCH_AHEAD + c);
+            for (int64_t c = 0; c < F::BYTES; c += 64) specd::prefetch(p + PREFETCH_AHEAD + c);
         __m256i s[NT];
         for (int i = 0; i < NT; i++) s[i] = _mm256_setzero_si256();
-        for (int k = 0; k < 4; k++) {
-            const __m256i v = _mm256_loadu_si256((const __m256i*)(p + 64 * k + 32 * h));
-            const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-            for (int i = 0; i < NT; i++) {
-                const int8_t* x = q + i * K + 32 * b;
+        if constexpr (Q8) {
+            for (int k = 0; k < 8; k++) {
+                const __m256i u = _mm256_loadu_si256((const __m256i*)(p + 64 * k + 32 * h));
 #if defined(__AVXVNNI__)
-                s[i] = _mm256_dpbusd_avx_epi32(s[i], lo, x4_at(x, k));
-                s[i] = _mm256_dpbusd_avx_epi32(s[i], hi, x4_at(x, 4 + k));
+                for (int i = 0; i < NT; i++) s[i] = _mm256_dpbusd_avx_epi32(s[i], u, x4_at(q + i * K + 32 * b, k));
 #else
-                s[i] = _mm256_add_epi16(s[i], _mm256_maddubs_epi16(lo, x4_at(x, k)));
-                s[i] = _mm256_add_epi16(s[i], _mm256_maddubs_epi16(hi, x4_at(x, 4 + k)));
+                // the signed values back, then |q| times x with q's sign (as u8x16_dots)
+                const __m256i v = _mm256_xor_si256(u, flip), av = _mm256_abs_epi8(v);
+                for (int i = 0; i < NT; i++) {
+                    const __m256i pairs = _mm256_maddubs_epi16(av, _mm256_sign_epi8(x4_at(q + i * K + 32 * b, k), v));
+                    s[i] = _mm256_add_epi32(s[i], _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+                }
 #endif
-                // each sum kept in its register: left free, the compiler regroups the adds
-                // into trees of products waiting on the stack
-                __asm__("" : "+x"(s[i]));
+                for (int i = 0; i < NT; i++) __asm__("" : "+x"(s[i]));
+            }
+        } else {
+            for (int k = 0; k < 4; k++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i*)(p + 64 * k + 32 * h));
+                const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+                for (int i = 0; i < NT; i++) {
+                    const int8_t* x = q + i * K + 32 * b;
+#if defined(__AVXVNNI__)
+                    s[i] = _mm256_dpbusd_avx_epi32(s[i], lo, x4_at(x, k));
+                    s[i] = _mm256_dpbusd_avx_epi32(s[i], hi, x4_at(x, 4 + k));
+#else
+                    s[i] = _mm256_add_epi16(s[i], _mm256_maddubs_epi16(lo, x4_at(x, k)));
+                    s[i] = _mm256_add_epi16(s[i], _mm256_maddubs_epi16(hi, x4_at(x, 4 + k)));
+#endif
+                    // each sum kept in its register: left free, the compiler regroups the adds
+                    // into trees of products waiting on the stack
+                    __asm__("" : "+x"(s[i]));
+                }
             }
         }
-        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 256 + 16 * h)));
-        const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 288 + 16 * h)));
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + (Q8 ? 512 : 256) + 16 * h)));
         for (int i = 0; i < NT; i++) {
-#if !defined(__AVXVNNI__)
-            s[i] = _mm256_madd_epi16(s[i], _mm256_set1_epi16(1));
+#if defined(__AVXVNNI__)
+            if constexpr (Q8) s[i] = _mm256_sub_epi32(s[i], _mm256_set1_epi32(128 * an[i * nb + b]));
+#else
+            if constexpr (!Q8) s[i] = _mm256_madd_epi16(s[i], _mm256_set1_epi16(1));
 #endif
             acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s[i]), d), _mm256_set1_ps(ad[i * nb + b]), acc[i]);
-            acc[i] = _mm256_fmadd_ps(m, _mm256_set1_ps(as[i * nb + b]), acc[i]);
+        }
+        if constexpr (!Q8) {
+            const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 288 + 16 * h)));
+            for (int i = 0; i < NT; i++) acc[i] = _mm256_fmadd_ps(m, _mm256_set1_ps(as[i * nb + b]), acc[i]);
         }
     }
     for (int i = 0; i < NT; i++) _mm256_storeu_ps(y + i * ldy, acc[i]);
 }
 #else
-constexpr bool HALF_Q4 = false;  // the other instruction sets' registers hold whole groups
-template <int NT>
-void woven_half_q4(const uint8_t*, const Acts&, int64_t, int, float*, int64_t, bool) {}
+constexpr bool HALVES = false;  // the other instruction sets' registers hold whole groups
+template <class F, int NT>
+void woven_half(const uint8_t*, const Acts&, int64_t, int, float*, int64_t, bool) {}
 #endif
 
 // Tokens are taken this many at a time over every group of rows: their activations stay in
@@ -467,14 +492,14 @@ inline void woven_rows(const uint8_t* W, const Acts& a, int64_t T, int64_t r0, i
             const uint8_t* G = W + g * a.nb * F::BYTES;
             const int64_t lo = (r0 > 16 * g ? r0 : 16 * g) - 16 * g, hi = (r1 < 16 * g + 16 ? r1 : 16 * g + 16) - 16 * g;
             const bool whole = lo == 0 && hi == 16;
-            // AVX2, Q4, three tokens or more (one or two stream the weight from memory: the
-            // halves' two passes over each group measured no faster there than one over both)
-            const bool halves = HALF_Q4 && std::is_same<F, WovenQ4>::value && t1 - t0 > 2;
+            // AVX2, three tokens or more (one or two stream the weight from memory: the halves'
+            // two passes over each group measured no faster there than one over both)
+            const bool halves = HALVES && t1 - t0 > 2;
             if (halves && whole) {  // each half of the rows for every token of the tile in turn
                 for (int h = 0; h < 2; h++)
                     for (int64_t i0 = t0; i0 < t1; i0 += QDOT_TOKENS)
                         with_count<QDOT_TOKENS>(t1 - i0 < QDOT_TOKENS ? t1 - i0 : QDOT_TOKENS, [&](auto NT) {
-                            woven_half_q4<decltype(NT)::value>(G, a, i0, h, y + i0 * ldy + 16 * g + 8 * h, ldy,
+                            woven_half<F, decltype(NT)::value>(G, a, i0, h, y + i0 * ldy + 16 * g + 8 * h, ldy,
                                                                i0 == 0 && h == 0);
                         });
                 continue;
@@ -486,7 +511,7 @@ inline void woven_rows(const uint8_t* W, const Acts& a, int64_t T, int64_t r0, i
                 const int64_t ld = whole ? ldy : 16;
                 if (halves) {
                     with_count<QDOT_TOKENS>(n, [&](auto NT) {
-                        for (int h = 0; h < 2; h++) woven_half_q4<decltype(NT)::value>(G, a, i0, h, out + 8 * h, ld, false);
+                        for (int h = 0; h < 2; h++) woven_half<F, decltype(NT)::value>(G, a, i0, h, out + 8 * h, ld, false);
                     });
                 } else {
                     V16 acc[QDOT_TOKENS];
