@@ -117,10 +117,12 @@ class HybridDrafter(Drafter):
         self._step_s: float | None = None  # a one-token target step's recent seconds
         self._last: tuple[float, float, int] | None = None  # start, seconds, nodes of a proposal
         self._asked: list[tuple[int, int, float]] = []  # the last proposal's parts: i, nodes, s
-        # the last proposal's parts after the first that were priced out / asked to probe:
-        # their records move on at the commit, once a step, however often propose is called
+        # the last proposal's parts after the first that were priced out / asked to probe /
+        # asked as paying: their records move on at the commit, once a step, however often
+        # propose is called
         self._skipped: set[int] = set()
         self._probes: set[int] = set()
+        self._paid: set[int] = set()
         self._commits = 0
         last = len(names) - 1
         self.parts = [
@@ -151,7 +153,7 @@ class HybridDrafter(Drafter):
 
     def start(self, ctx: DraftContext) -> None:
         self._last, self._asked, self._commits = None, [], 0  # the records outlast requests
-        self._skipped, self._probes = set(), set()
+        self._skipped, self._probes, self._paid = set(), set(), set()
         hidden = ctx.hidden
         i = 0
         while i < len(self.parts):
@@ -175,7 +177,7 @@ class HybridDrafter(Drafter):
         start = clock()
         self._time_step(ctx, start)
         drafts: list[Draft] = []
-        self._asked, self._skipped, self._probes = [], set(), set()
+        self._asked, self._skipped, self._probes, self._paid = [], set(), set(), set()
         left = budget
         for i, part in enumerate(self.parts):
             if left <= 0:
@@ -239,6 +241,7 @@ class HybridDrafter(Drafter):
             cost += rec.seconds / self._step_s
         rec.price = cost
         if rec.tokens >= cost:
+            self._paid.add(i)
             return True
         if rec.skipped >= rec.wait:  # a probe
             self._probes.add(i)
@@ -249,16 +252,15 @@ class HybridDrafter(Drafter):
         """A step's move of the records of the parts after the first: one priced out counts
         the step; one asked to probe waits twice as long for the next probe (unless its call
         wins its price, :meth:`Record.probed`); one asked because it pays waits the least."""
-        asked = {i for i, _, _ in self._asked}
         for i in range(1, len(self.records)):
             rec = self.records[i]
             if i in self._skipped:
                 rec.skipped += 1
             elif i in self._probes:
                 rec.skipped, rec.wait = 0, min(2 * rec.wait, PROBE_MAX)
-            elif i in asked:
+            elif i in self._paid:
                 rec.skipped, rec.wait = 0, PROBE_EVERY
-        self._skipped, self._probes = set(), set()
+        self._skipped, self._probes, self._paid = set(), set(), set()
 
     def commit(self, ctx: DraftContext, new_tokens: Sequence[int], accepted: int) -> None:
         self._commits += 1
