@@ -408,63 +408,28 @@ template <class F, int NT>
 __attribute__((noinline)) void woven_half(const uint8_t* G, const Acts& a, int64_t i0, int h, float* y, int64_t ldy,
                                           bool fetch) {
     constexpr bool Q8 = std::is_same<F, WovenQ8>::value;
-    const __m256i low4 = _mm256_set1_epi8(15), flip = _mm256_set1_epi8((char)0x80);
-    const int8_t* const q = a.q + i0 * a.K;  // the fields as locals: no reloads in the loop
-    const float *const ad = a.d + i0 * a.nb, *const as = a.s + i0 * a.nb;
-    const int32_t* const an = a.n + i0 * a.nb;
+    const float *const ad = a.d + i0 * a.nb, *const as = a.s + i0 * a.nb;  // no reloads in the loop
     const int64_t K = a.K, nb = a.nb;
-    (void)low4, (void)flip, (void)as, (void)an;
+    (void)as;
     __m256 acc[NT];
     for (int i = 0; i < NT; i++) acc[i] = _mm256_setzero_ps();
     const uint8_t* p = G;
     for (int64_t b = 0; b < nb; b++, p += F::BYTES) {
         if (fetch)
             for (int64_t c = 0; c < F::BYTES; c += 64) specd::prefetch(p + PREFETCH_AHEAD + c);
+        const int8_t* xs[NT];
+        for (int i = 0; i < NT; i++) xs[i] = a.q + (i0 + i) * K + 32 * b;
         __m256i s[NT];
-        for (int i = 0; i < NT; i++) s[i] = _mm256_setzero_si256();
         if constexpr (Q8) {
-            for (int k = 0; k < 8; k++) {
-                const __m256i u = _mm256_loadu_si256((const __m256i*)(p + 64 * k + 32 * h));
-#if defined(__AVXVNNI__)
-                for (int i = 0; i < NT; i++) s[i] = _mm256_dpbusd_avx_epi32(s[i], u, x4_at(q + i * K + 32 * b, k));
-#else
-                // the signed values back, then |q| times x with q's sign (as u8x16_dots)
-                const __m256i v = _mm256_xor_si256(u, flip), av = _mm256_abs_epi8(v);
-                for (int i = 0; i < NT; i++) {
-                    const __m256i pairs = _mm256_maddubs_epi16(av, _mm256_sign_epi8(x4_at(q + i * K + 32 * b, k), v));
-                    s[i] = _mm256_add_epi32(s[i], _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
-                }
-#endif
-                for (int i = 0; i < NT; i++) __asm__("" : "+x"(s[i]));
-            }
+            int32_t xsums[NT];
+            for (int i = 0; i < NT; i++) xsums[i] = a.n[(i0 + i) * nb + b];
+            u8x8_sums<NT>(p, h, xs, xsums, s);
         } else {
-            for (int k = 0; k < 4; k++) {
-                const __m256i v = _mm256_loadu_si256((const __m256i*)(p + 64 * k + 32 * h));
-                const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-                for (int i = 0; i < NT; i++) {
-                    const int8_t* x = q + i * K + 32 * b;
-#if defined(__AVXVNNI__)
-                    s[i] = _mm256_dpbusd_avx_epi32(s[i], lo, x4_at(x, k));
-                    s[i] = _mm256_dpbusd_avx_epi32(s[i], hi, x4_at(x, 4 + k));
-#else
-                    s[i] = _mm256_add_epi16(s[i], _mm256_maddubs_epi16(lo, x4_at(x, k)));
-                    s[i] = _mm256_add_epi16(s[i], _mm256_maddubs_epi16(hi, x4_at(x, 4 + k)));
-#endif
-                    // each sum kept in its register: left free, the compiler regroups the adds
-                    // into trees of products waiting on the stack
-                    __asm__("" : "+x"(s[i]));
-                }
-            }
+            u4x8_sums<NT>(p, h, xs, s);
         }
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + (Q8 ? 512 : 256) + 16 * h)));
-        for (int i = 0; i < NT; i++) {
-#if defined(__AVXVNNI__)
-            if constexpr (Q8) s[i] = _mm256_sub_epi32(s[i], _mm256_set1_epi32(128 * an[i * nb + b]));
-#else
-            if constexpr (!Q8) s[i] = _mm256_madd_epi16(s[i], _mm256_set1_epi16(1));
-#endif
+        for (int i = 0; i < NT; i++)
             acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s[i]), d), _mm256_set1_ps(ad[i * nb + b]), acc[i]);
-        }
         if constexpr (!Q8) {
             const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 288 + 16 * h)));
             for (int i = 0; i < NT; i++) acc[i] = _mm256_fmadd_ps(m, _mm256_set1_ps(as[i * nb + b]), acc[i]);

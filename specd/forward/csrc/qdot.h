@@ -124,67 +124,78 @@ inline __m256i x4_at(const int8_t* x, int k) {  // activations 4 k .. 4 k + 3 in
     return _mm256_set1_epi32(w);
 }
 
+// s[i]: half h (rows 8 h .. 8 h + 7) of the Q4 block at p times token i's 32 activations
+// xs[i], the rows' integer sums in 32-bit lanes.
+template <int NT>
+inline void u4x8_sums(const uint8_t* p, int h, const int8_t* const* xs, __m256i* s) {
+    const __m256i low4 = _mm256_set1_epi8(15);
+    for (int i = 0; i < NT; i++) s[i] = _mm256_setzero_si256();
+    for (int k = 0; k < 4; k++) {
+        const __m256i v = _mm256_loadu_si256((const __m256i*)(p + 64 * k + 32 * h));
+        const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+        for (int i = 0; i < NT; i++) {
+#if defined(__AVXVNNI__)
+            s[i] = _mm256_dpbusd_avx_epi32(s[i], lo, x4_at(xs[i], k));
+            s[i] = _mm256_dpbusd_avx_epi32(s[i], hi, x4_at(xs[i], 4 + k));
+#else
+            // pairs of products in 16 bits, summed there (|8 * 2 * 15 * 127| < 2^15)
+            s[i] = _mm256_add_epi16(s[i], _mm256_maddubs_epi16(lo, x4_at(xs[i], k)));
+            s[i] = _mm256_add_epi16(s[i], _mm256_maddubs_epi16(hi, x4_at(xs[i], 4 + k)));
+#endif
+            // each sum kept in its register: left free, the compiler regroups four tokens'
+            // adds into trees of products waiting on the stack (one or two tokens' steps,
+            // bound by memory, measured 3% slower held)
+            if constexpr (NT > 2) __asm__("" : "+x"(s[i]));
+        }
+    }
+#if !defined(__AVXVNNI__)
+    for (int i = 0; i < NT; i++) s[i] = _mm256_madd_epi16(s[i], _mm256_set1_epi16(1));
+#endif
+}
+// s[i]: half h of the block of signed bytes (stored plus 128) at p times token i's
+// activations xs[i], whose own sum is xsums[i].
+template <int NT>
+inline void u8x8_sums(const uint8_t* p, int h, const int8_t* const* xs, const int32_t* xsums, __m256i* s) {
+    for (int i = 0; i < NT; i++) s[i] = _mm256_setzero_si256();
+    for (int k = 0; k < 8; k++) {
+        const __m256i u = _mm256_loadu_si256((const __m256i*)(p + 64 * k + 32 * h));
+#if defined(__AVXVNNI__)
+        for (int i = 0; i < NT; i++) s[i] = _mm256_dpbusd_avx_epi32(s[i], u, x4_at(xs[i], k));
+#else
+        // the signed values back (xor 0x80), then |q| times x with q's sign: a pair of such
+        // products fits 16 bits (2 * 128 * 127 < 2^15), each pair summed in 32
+        const __m256i q = _mm256_xor_si256(u, _mm256_set1_epi8((char)0x80)), a = _mm256_abs_epi8(q);
+        for (int i = 0; i < NT; i++) {
+            const __m256i pairs = _mm256_maddubs_epi16(a, _mm256_sign_epi8(x4_at(xs[i], k), q));
+            s[i] = _mm256_add_epi32(s[i], _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+        }
+#endif
+        if constexpr (NT > 2)
+            for (int i = 0; i < NT; i++) __asm__("" : "+x"(s[i]));
+    }
+#if defined(__AVXVNNI__)
+    for (int i = 0; i < NT; i++) s[i] = _mm256_sub_epi32(s[i], _mm256_set1_epi32(128 * xsums[i]));
+#else
+    (void)xsums;
+#endif
+}
 // out[i]: the block at p times token i's 32 activations xs[i], the 16 rows' sums as floats.
 template <int NT>
 inline void u4x16_dots(const uint8_t* p, const int8_t* const* xs, V16* out) {
-    const __m256i low4 = _mm256_set1_epi8(15);
     for (int h = 0; h < 2; h++) {  // rows 0-7, then 8-15
         __m256i s[NT];
-        for (int i = 0; i < NT; i++) s[i] = _mm256_setzero_si256();
-        for (int k = 0; k < 4; k++) {
-            const __m256i v = _mm256_loadu_si256((const __m256i*)(p + 64 * k + 32 * h));
-            const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-            for (int i = 0; i < NT; i++) {
-#if defined(__AVXVNNI__)
-                s[i] = _mm256_dpbusd_avx_epi32(s[i], lo, x4_at(xs[i], k));
-                s[i] = _mm256_dpbusd_avx_epi32(s[i], hi, x4_at(xs[i], 4 + k));
-#else
-                // pairs of products in 16 bits, summed there (|8 * 2 * 15 * 127| < 2^15)
-                s[i] = _mm256_add_epi16(s[i], _mm256_maddubs_epi16(lo, x4_at(xs[i], k)));
-                s[i] = _mm256_add_epi16(s[i], _mm256_maddubs_epi16(hi, x4_at(xs[i], 4 + k)));
-#endif
-            }
-        }
-        for (int i = 0; i < NT; i++) {
-#if !defined(__AVXVNNI__)
-            s[i] = _mm256_madd_epi16(s[i], _mm256_set1_epi16(1));
-#endif
-            (h ? out[i].hi : out[i].lo) = _mm256_cvtepi32_ps(s[i]);
-        }
+        u4x8_sums<NT>(p, h, xs, s);
+        for (int i = 0; i < NT; i++) (h ? out[i].hi : out[i].lo) = _mm256_cvtepi32_ps(s[i]);
     }
 }
 // out[i]: the block of signed bytes (stored plus 128) at p times token i's activations xs[i],
 // whose own sum is xsums[i].
 template <int NT>
 inline void u8x16_dots(const uint8_t* p, const int8_t* const* xs, const int32_t* xsums, V16* out) {
-#if !defined(__AVXVNNI__)
-    const __m256i flip = _mm256_set1_epi8((char)0x80);
-#endif
     for (int h = 0; h < 2; h++) {
         __m256i s[NT];
-        for (int i = 0; i < NT; i++) s[i] = _mm256_setzero_si256();
-        for (int k = 0; k < 8; k++) {
-            const __m256i u = _mm256_loadu_si256((const __m256i*)(p + 64 * k + 32 * h));
-#if defined(__AVXVNNI__)
-            for (int i = 0; i < NT; i++) s[i] = _mm256_dpbusd_avx_epi32(s[i], u, x4_at(xs[i], k));
-#else
-            // the signed values back (xor 0x80), then |q| times x with q's sign: a pair of
-            // such products fits 16 bits (2 * 128 * 127 < 2^15), each pair summed in 32
-            const __m256i q = _mm256_xor_si256(u, flip), a = _mm256_abs_epi8(q);
-            for (int i = 0; i < NT; i++) {
-                const __m256i pairs = _mm256_maddubs_epi16(a, _mm256_sign_epi8(x4_at(xs[i], k), q));
-                s[i] = _mm256_add_epi32(s[i], _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
-            }
-#endif
-        }
-        for (int i = 0; i < NT; i++) {
-#if defined(__AVXVNNI__)
-            s[i] = _mm256_sub_epi32(s[i], _mm256_set1_epi32(128 * xsums[i]));
-#else
-            (void)xsums;
-#endif
-            (h ? out[i].hi : out[i].lo) = _mm256_cvtepi32_ps(s[i]);
-        }
+        u8x8_sums<NT>(p, h, xs, xsums, s);
+        for (int i = 0; i < NT; i++) (h ? out[i].hi : out[i].lo) = _mm256_cvtepi32_ps(s[i]);
     }
 }
 inline V16 vload_halves(const uint8_t* p) {
