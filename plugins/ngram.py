@@ -55,19 +55,22 @@ class NgramDrafter(Drafter):
         self._index = self._new_index(ctx.tokens)
 
     def propose(self, ctx: DraftContext, budget: int) -> Draft | None:
-        budget = min(budget, self.max_draft)
-        options = self._index.continuations(self._index.tokens, budget, self.branches, self.min_n)
-        if not options and self.use_corpus and ctx.corpus is not None:
-            options = [ctx.corpus.lookup(self._index.tokens, budget)]
-        return _trie(options, budget, self.branch_len)
+        return self._draft(ctx, budget, self.min_n, self.use_corpus)
 
     def propose_weak(self, ctx: DraftContext, budget: int) -> Draft | None:
         """The request's own continuation of its last token alone where :meth:`propose`
         found none (its ``min_n`` above one): what a combining drafter asks when no other
         part drafts this step (``hybrid``, whose n-gram part leaves one-token matches to the
         parts after it while they pay). The corpus is not searched again."""
+        return self._draft(ctx, budget, 1, False)
+
+    def _draft(self, ctx: DraftContext, budget: int, least: int, corpus: bool) -> Draft | None:
+        """The continuations of the longest match of at least ``least`` tokens, or with
+        ``corpus`` and none in the request, the engine's corpus's."""
         budget = min(budget, self.max_draft)
-        options = self._index.continuations(self._index.tokens, budget, self.branches)
+        options = self._index.continuations(self._index.tokens, budget, self.branches, least)
+        if not options and corpus and ctx.corpus is not None:
+            options = [ctx.corpus.lookup(self._index.tokens, budget)]
         return _trie(options, budget, self.branch_len)
 
     def commit(self, ctx: DraftContext, new_tokens: Sequence[int], accepted: int) -> None:
