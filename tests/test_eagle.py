@@ -261,6 +261,38 @@ def test_drafting_with_the_targets_product_computes_what_the_layers_do(head_file
     assert EagleDrafter(head=head_file)._load(TARGET).product == TARGET.linear
 
 
+def test_on_a_target_run_on_blocks_the_head_reads_q8_blocks_for_a_few_rows():
+    """Guards against a head that streams its float32 weights at every draft step where the
+    target reads blocks (four times the bytes of Q8_0), against blocks read for a batch too
+    large for the kernel's product (each call would de-quantize them), and against rounding
+    a float target's head. Its products on blocks stay within Q8_0's rounding of float's."""
+    from specd.forward import cpu_kernels
+    from specd.forward.blocks import BlockWeight
+    from specd.forward.tiny import tiny_blocks_target
+
+    if not cpu_kernels.available():
+        pytest.skip("the CPU kernels do not run here: no blocks product for a few rows")
+    target = tiny_blocks_target(VOCAB, "q8", seed=3)
+    head = EagleDrafter(head="random")._load(target)
+    linears = [m for m in head.modules() if isinstance(m, torch.nn.Linear)]
+    assert head.few_rows == target.few_rows > 0
+    assert set(head.small) == set(linears)
+    assert all(isinstance(w, BlockWeight) and w.fmt.name == "q8_0" for w in head.small.values())
+    torch.manual_seed(0)
+    for rows in (1, target.few_rows, target.few_rows + 1):
+        x = torch.randn(rows, head.config.hidden)
+        with torch.inference_mode():
+            got = head._lin(head.wq, x)
+        want = x @ head.wq.weight.detach().T
+        if rows > target.few_rows:  # the float weight, as the float product computes it
+            torch.testing.assert_close(got, target.linear(x, head.wq.weight))
+        else:
+            assert not torch.equal(got, want)  # rounded: the blocks were read
+            torch.testing.assert_close(got, want, atol=0.02 * float(want.abs().max()), rtol=0)
+    float_head = EagleDrafter(head="random")._load(TARGET)  # a float target: float weights
+    assert all(torch.equal(w, m.weight) for m, w in float_head.small.items())
+
+
 def test_the_training_time_test_sees_what_a_draft_chain_sees():
     """Bug guarded: an unroll mask that lets step s see entries a chain drafted after row r
     has not made (or hides ones it has) trains the head on a context drafting never has."""

@@ -126,6 +126,9 @@ class EagleDrafter(Drafter):
             # [Vd, H] as the target stores them: blocks read by the kernel's product as stored
             self._lm_rows: Any = target.lm_head_rows(vocab)
             self._head.product = target.linear  # the target's product for a few rows
+            # its own weights for a few rows as the target's product reads them fastest
+            # (Q8_0 blocks where the target runs on blocks)
+            self._head.use_small_weights(target.small_weight, target.few_rows)
             self._reset()
         return self._head
 

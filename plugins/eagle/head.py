@@ -74,6 +74,11 @@ class EagleHead(nn.Module):
     #: ``F.linear``. Drafting sets the target's ``Target.linear`` (the product it measured
     #: fastest for a few rows); training leaves it None.
     product: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    #: Per linear layer, the weight :attr:`product` reads for at most :attr:`few_rows` rows
+    #: (``Target.small_weight``: Q8_0 blocks where the target runs on blocks); a layer not
+    #: here, or more rows, reads its float weight. Set by :meth:`use_small_weights`.
+    small: dict[nn.Module, Any]
+    few_rows = 0
 
     def __init__(self, config: HeadConfig, draft_vocab: torch.Tensor) -> None:
         super().__init__()
@@ -90,13 +95,25 @@ class EagleHead(nn.Module):
         self.up = nn.Linear(c.hidden, c.intermediate, bias=False)
         self.down = nn.Linear(c.intermediate, c.hidden, bias=False)
         self.register_buffer("draft_vocab", draft_vocab.to(torch.long), persistent=True)
+        self.small = {}
         inv = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2).float() / c.head_dim))
         self.register_buffer("inv_freq", inv, persistent=False)
 
     # -- pieces -------------------------------------------------------------------------
 
+    def use_small_weights(self, convert: Callable[[torch.Tensor], Any], rows: int) -> None:
+        """Products of at most ``rows`` rows read ``convert(w)`` for each linear layer's weight
+        ``w`` (drafting a few nodes at a time); larger ones, the float weights."""
+        self.small = {
+            m: convert(m.weight.detach()) for m in self.modules() if isinstance(m, nn.Linear)
+        }
+        self.few_rows = int(rows)
+
     def _lin(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-        return layer(x) if self.product is None else self.product(x, layer.weight)
+        if self.product is None:
+            return layer(x)
+        few = x.numel() <= self.few_rows * x.shape[-1]
+        return self.product(x, self.small.get(layer, layer.weight) if few else layer.weight)
 
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         xf = x.float()

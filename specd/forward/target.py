@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from ..errors import BadInputError
 from ..kvcache import KVCache
-from . import architectures, blocks, early_layers, lean_model, pricing, products
+from . import architectures, blocks, cpu_kernels, early_layers, lean_model, pricing, products
 from .blocks import BlockWeight
 from .compiled import CompiledStep, KernelStep, choose
 from .fastpath import FastDecoder
@@ -124,6 +124,27 @@ class Target:
         computes products of a few rows on this machine (weight-major where it measured
         faster, :mod:`.products`)."""
         return blocks.product(x, w, fallback=self._few_rows)
+
+    #: The most rows :meth:`linear` multiplies by :meth:`small_weight`'s blocks in the kernel;
+    #: more go through a float product (blocks de-quantized first).
+    few_rows = blocks.PRODUCT_ROWS
+
+    def small_weight(self, w: torch.Tensor) -> torch.Tensor | BlockWeight:
+        """A drafter's own weight ``w`` ``[N, K]`` as :meth:`linear` reads it fastest for a
+        few rows: where the target runs on blocks (its LM head kept as blocks: a model run as
+        it ships, or ``--weights q8|q4``) and the CPU kernels run, ``w`` rounded to Q8_0 blocks
+        (a quarter of its float32 bytes); else ``w`` itself."""
+        out = self.model.get_output_embeddings()
+        if (
+            out is None
+            or not isinstance(out.weight, BlockWeight)
+            or w.dim() != 2
+            or w.shape[1] % 32
+            or w.device.type != "cpu"
+            or not cpu_kernels.available()
+        ):
+            return w
+        return blocks.quantize(w, "q8_0")
 
     def _few_rows(
         self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None
