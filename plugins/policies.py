@@ -10,8 +10,14 @@ tokens, ``aj`` the recent rate at which draft position ``j`` was accepted once t
 before it were. Drafting is paid for too (``ExitPolicy.draft_cost``: a drafter with a
 network of its own costs time a lookup does not). Where a wide pass costs about a step that
 is the whole budget; where it costs several, a shorter draft; where no draft is worth its
-cost against a plain step's one token, plain steps, with a short probe now and then. It only
-chooses lengths: the output is the verifier's.
+cost against a plain step's one token, plain steps, with a short probe now and then: after
+``probe_every`` plain steps, then twice as many after each probe whose draft is rejected and
+leaves drafting at a loss (up to ``probe_max``), so that a drafter that does not pay on this
+host costs a probe every few dozen steps. What it learnt (the rates, the wait, the steps
+left of a pause) carries over to the next request with the same drafter
+(``ExitPolicy.memory``), so that a request does not first relearn at its own expense that a
+drafter's drafts are mostly rejected here. It only chooses lengths: the output is the
+verifier's.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ class AdaptivePolicy(ExitPolicy):
     """:param start_budget: first budget. :param min_confidence: stop drafting below it.
     :param collapse: acceptance rate (EMA) under which speculation pauses.
     :param probe_every: plain steps between probes while paused.
+    :param probe_max: the longest wait between probes where no draft pays (priced passes).
     :param ema: the weight of the latest step in the acceptance rates it tracks."""
 
     name = "adaptive"
@@ -54,12 +61,14 @@ class AdaptivePolicy(ExitPolicy):
         min_confidence: float = 0.3,
         collapse: float = 0.1,
         probe_every: int = 8,
+        probe_max: int = 64,
         ema: float = 0.3,
     ) -> None:
         self.start_budget = int(start_budget)
         self.min_confidence = float(min_confidence)
         self.collapse = float(collapse)
         self.probe_every = int(probe_every)
+        self.probe_max = max(self.probe_every, int(probe_max))
         self.ema = float(ema)
         self._max = 0
         self._budget = 0
@@ -68,6 +77,9 @@ class AdaptivePolicy(ExitPolicy):
         self._accept: list[float] = []  # per draft position, given the ones before it
         self._token_rate = 1.0  # per draft token tried, given the ones before it
         self._asked: int | None = None  # the last budget chosen by price (None: a probe)
+        self._wait = self.probe_every  # plain steps before a probe where no draft pays
+        self._probing = False  # the last budget was a probe
+        self._probe_whole = False  # and its draft was accepted whole
 
     def start(self, max_budget: int) -> None:
         self._max = max_budget
@@ -76,16 +88,49 @@ class AdaptivePolicy(ExitPolicy):
         self._paused_for = 0
         self._accept = [1.0] * max_budget  # untried positions: hoped for, then measured
         self._token_rate = 1.0
+        self._wait = self.probe_every
         self._asked = None
+        self._probing = False
+        mem = self.memory
+        if mem:  # where the last request with this drafter left off
+            rate = min(1.0, max(0.0, float(mem.get("token_rate", 1.0))))
+            learnt = [min(1.0, max(0.0, float(a))) for a in mem.get("accept", [])]
+            self._accept = (learnt + [rate] * max_budget)[:max_budget]
+            self._token_rate = rate
+            self._wait = min(self.probe_max, max(self.probe_every, int(mem.get("wait", 0))))
+            # a pause goes on counting over the next request: short requests still probe
+            self._paused_for = min(self.probe_max + 1, max(0, int(mem.get("paused_for", 0))))
+
+    def _remember(self) -> None:
+        if self.memory is not None:
+            self.memory.update(
+                accept=list(self._accept),
+                token_rate=self._token_rate,
+                wait=self._wait,
+                paused_for=self._paused_for,
+            )
 
     def draft_budget(self) -> int:
         if self._paused_for > 0:
             self._paused_for -= 1
             self._asked = None
-            return 0 if self._paused_for > 0 else max(1, min(2, self._max))  # probe
+            if self._paused_for > 0:
+                self._remember()
+                return 0
+            self._probing = True
+            self._remember()
+            return max(1, min(2, self._max))  # probe
+        probed, self._probing = self._probing, False
         self._asked = self._priced(self._budget)
         if self._asked == 0:  # no draft pays here now: plain steps, then a probe
-            self._paused_for = self.probe_every
+            if probed and not self._probe_whole:  # a probe rejected: wait longer for the next
+                self._wait = min(2 * self._wait, self.probe_max)
+            elif probed:  # accepted whole, yet drafting still at a loss: the shortest wait
+                self._wait = self.probe_every
+            self._paused_for = self._wait
+        else:
+            self._wait = self.probe_every
+        self._remember()
         return self._asked
 
     def _priced(self, budget: int) -> int:
@@ -110,6 +155,7 @@ class AdaptivePolicy(ExitPolicy):
     def observe(self, drafted: int, accepted: int) -> None:
         if drafted == 0:
             return
+        self._probe_whole = self._probing and accepted == drafted
         # Positions tried: the accepted ones and the first rejected (none after it was
         # judged). The others drift toward the rate of the tried ones, so that a position
         # not drafted for a while is judged by recent acceptance, not by its last outcome.
@@ -133,6 +179,7 @@ class AdaptivePolicy(ExitPolicy):
         if self._rate < self.collapse:
             self._paused_for = self.probe_every + 1  # probe_every plain steps, then a probe
             self._rate = self.collapse  # a probe's success lifts it back above the line
+        self._remember()
 
 
 @hookimpl

@@ -149,13 +149,27 @@ class DraftClock:
     A step's time is each pass's time over its price; a call's cost, its time over that.
     Both are averages that follow the recent steps (weight ``ema`` for the latest), kept
     across requests: the same drafter on the same target costs the same.
+
+    A request's first call is not timed: a drafter may catch up on the prompt there (the
+    EAGLE head reads the prompt's features), a cost of the request, not of each call. A call
+    that costs over ``OUTLIER`` times the recent average counts as that much: one slow call
+    (a part of ``hybrid`` asked after a long wait, a page fault) does not price drafting out
+    for the steps after it, while calls that keep costing more lift the average within a
+    few of them.
     """
+
+    OUTLIER = 4.0
 
     def __init__(self, ema: float = 0.2) -> None:
         self.ema = float(ema)
         self.step_s: float | None = None  # a one-token step's recent time
         self._calls: float | None = None  # a call's recent cost, in steps
         self._size = 0.0  # the recent draft size
+        self._first = False  # the next call is a request's first
+
+    def start(self) -> None:
+        """A request starts: its first call is not timed."""
+        self._first = True
 
     def _mix(self, old: float | None, new: float) -> float:
         return new if old is None else old + self.ema * (new - old)
@@ -165,9 +179,14 @@ class DraftClock:
         draft's nodes, ``pass_s`` the target pass's seconds, ``pass_steps`` its price."""
         if pass_s > 0 and pass_steps > 0:
             self.step_s = self._mix(self.step_s, pass_s / pass_steps)
-        if draft_s is not None and self.step_s:
+        if draft_s is not None and self._first:
+            self._first = False
+        elif draft_s is not None and self.step_s:
+            cost = draft_s / self.step_s
+            if self._calls is not None and self._calls > 0:
+                cost = min(cost, self.OUTLIER * self._calls)
             self._size = self._mix(None if self._calls is None else self._size, size)
-            self._calls = self._mix(self._calls, draft_s / self.step_s)
+            self._calls = self._mix(self._calls, cost)
 
     def cost(self, k: int) -> float:
         """A draft of ``k`` tokens' expected cost in one-token steps: the recent calls'

@@ -305,3 +305,63 @@ def test_the_draft_cost_shortens_the_draft():
     assert policy.draft_budget() == 8
     policy.draft_cost = lambda k: 0.3 * k
     assert policy.draft_budget() == 5
+
+
+def _no_pay(policy: AdaptivePolicy) -> None:
+    """Drafting at a loss: a draft costs two steps, a draft token is accepted half the time."""
+    policy.draft_cost = lambda k: 2.0
+    policy._accept = [0.5] * 8
+
+
+def _plain_steps_to_probe(policy: AdaptivePolicy, limit: int = 1000) -> tuple[int, int]:
+    """Plain steps until the next probe, and its budget."""
+    for plain in range(limit):
+        budget = policy.draft_budget()
+        if budget:
+            return plain, budget
+        policy.observe(0, 0)
+    raise AssertionError(f"no probe within {limit} steps")
+
+
+def test_rejected_probes_wait_longer_each_time_and_one_accepted_whole_resets_the_wait():
+    """Guards against a drafter that does not pay on this host probing every few steps
+    forever (each probe pays its call and a wider pass for nothing), against waits that grow
+    without bound (a drafter that starts to pay would never be noticed), and against a probe
+    accepted whole that still leaves the next one far off."""
+    policy = adaptive(8, CHEAP, probe_every=4, probe_max=16)
+    _no_pay(policy)
+    waits = []
+    for _ in range(5):
+        plain, budget = _plain_steps_to_probe(policy)
+        waits.append(plain)
+        policy.observe(budget, 0)  # rejected
+    assert waits == [4, 8, 16, 16, 16]
+    plain, budget = _plain_steps_to_probe(policy)
+    policy.observe(budget, budget)  # accepted whole, yet drafting still at a loss here
+    policy._accept = [0.5] * 8
+    assert _plain_steps_to_probe(policy)[0] == 4
+
+
+def test_what_the_policy_learnt_carries_over_to_the_next_request():
+    """Guards against each request relearning a drafter from scratch: one whose drafts do not
+    pay on this host is drafted from at full budget at every request's start (each such
+    draft a wasted pass and call). With the engine's memory the next request starts where the
+    last one left off, its pause counting on, so that requests shorter than the pause still
+    probe; a policy without memory starts hopeful as before."""
+    memory: dict = {}
+    policy = adaptive(8, CHEAP, probe_every=4, probe_max=16)
+    policy.memory = memory
+    policy.start(8)
+    _no_pay(policy)
+    _plain_steps_to_probe(policy)
+    policy.observe(2, 0)  # a rejected probe: rates down, the wait doubled
+    assert policy.draft_budget() == 0
+    nxt = AdaptivePolicy(probe_every=4, probe_max=16)
+    nxt.pass_cost, nxt.draft_cost, nxt.memory = CHEAP, lambda k: 2.0, memory
+    nxt.start(8)
+    assert nxt._accept == policy._accept and nxt._wait == 8
+    plain, _ = _plain_steps_to_probe(nxt)
+    assert plain == 7  # the pause begun in the last request, one step of it taken there
+    fresh = adaptive(8, CHEAP)
+    fresh.draft_cost = lambda k: 2.0
+    assert fresh.draft_budget() > 0  # no memory: hopeful, as a request always began

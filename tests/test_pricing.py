@@ -212,6 +212,29 @@ def test_the_draft_clock_measures_calls_in_steps():
     assert clock.cost(9) == pytest.approx(1.0)
 
 
+def test_a_requests_first_call_and_one_slow_call_do_not_price_drafting_out():
+    """Guards against a draft cost that follows a request's first call (where the EAGLE head
+    reads the prompt's features, a cost of the request) or one slow call at full weight: a
+    drafter that costs 0.1 steps a call would be judged to cost several for the steps
+    after it, and the policy would take plain steps. Calls that go on costing more still
+    lift the average within a few."""
+    clock = DraftClock(ema=0.5)
+    clock.record(None, 0, 0.010, 1.0)  # steps of 10 ms
+    clock.start()
+    clock.record(0.200, 2, 0.010, 1.0)  # the first call: 20 steps, not timed
+    assert clock.cost(2) == 0.0
+    clock.record(0.001, 2, 0.010, 1.0)  # 0.1 steps
+    assert clock.cost(2) == pytest.approx(0.1)
+    clock.record(0.200, 2, 0.010, 1.0)  # one slow call counts as OUTLIER times the average
+    assert clock.cost(2) == pytest.approx(0.05 + 0.5 * DraftClock.OUTLIER * 0.1)
+    for _ in range(8):
+        clock.record(0.020, 2, 0.010, 1.0)  # two steps a call, from now on
+    assert clock.cost(2) == pytest.approx(2.0, rel=0.02)
+    clock.start()  # the next request's first call is not timed either
+    clock.record(0.500, 2, 0.010, 1.0)
+    assert clock.cost(2) == pytest.approx(2.0, rel=0.02)
+
+
 class SlowNgram(NgramDrafter):
     """The n-gram drafter, 30 ms a call: far more than a tiny target's step."""
 
