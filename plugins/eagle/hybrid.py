@@ -28,6 +28,13 @@ drafts too. A part priced out is still asked after :data:`PROBE_EVERY` steps, so
 comes back where it starts to pay; each probe that leaves it priced out doubles the wait
 (up to :data:`PROBE_MAX` steps), and a call that wins its price sets it back, so that a head
 that does not pay on this host costs a probe every few requests, not one every few steps.
+
+A part that reads the target's features (``eagle``) costs a request more than its calls:
+the prefill computes the prompt's features for it (the last layer over its window of
+prompt tokens) and every verify pass returns its rows' features. While such a part is
+priced out at the end of a request it rests: the next requests read no features and draft
+without it, but one request in :data:`REST_EVERY` reads them and asks it at its first step,
+so that it comes back where it starts to pay.
 """
 
 from __future__ import annotations
@@ -47,6 +54,9 @@ PART_DEFAULTS: dict[str, dict[str, Any]] = {"ngram": {"min_n": 2}}
 #: many each time it still does not pay, up to PROBE_MAX.
 PROBE_EVERY = 8
 PROBE_MAX = 128
+#: A feature-reading part priced out reads the features and is asked in one request of this
+#: many, and rests in the others.
+REST_EVERY = 4
 #: The weight of the latest call in a part's record and of the latest step in the step time.
 EMA = 0.3
 #: Seconds, for timing parts and steps (tests set a clock of their own).
@@ -62,6 +72,7 @@ class Record:
         self.nodes = 0.0
         self.seconds = 0.0
         self.skipped = 0  # steps it was priced out since it was last asked
+        self.rested = 0  # requests in a row that ended with it priced out
         self.wait = PROBE_EVERY  # steps priced out before it is asked again
         self.price = 0.0  # what its last call had to win, in steps
 
@@ -124,6 +135,7 @@ class HybridDrafter(Drafter):
         self._probes: set[int] = set()
         self._paid: set[int] = set()
         self._commits = 0
+        self._resting: set[int] = set()  # feature-reading parts left out of this request
         last = len(names) - 1
         self.parts = [
             make_drafter(n, self._options(n, i == last) or None) for i, n in enumerate(names)
@@ -136,11 +148,17 @@ class HybridDrafter(Drafter):
             and not set(PART_DEFAULTS.get(n, {})) & set(self._given[n])
             and callable(getattr(self.parts[i], "propose_weak", None))
         ]
-        # what its parts do, as they come and go
-        self.wants_hidden = any(p.wants_hidden for p in self.parts)
         self.reads_cache = any(p.reads_cache for p in self.parts)
+        self._features()
+
+    def _features(self) -> None:
+        """Whether the next request reads the target's features, and how many of the
+        prompt's: what the parts that do not rest read (the engine reads both as a request
+        starts)."""
+        reading = [p for i, p in enumerate(self.parts) if p.wants_hidden and i not in self._resting]
+        self.wants_hidden = bool(reading)
         # the prompt's last features its parts read: the most any reads (None: all)
-        rows = [getattr(p, "feature_rows", None) for p in self.parts if p.wants_hidden]
+        rows = [getattr(p, "feature_rows", None) for p in reading]
         self.feature_rows = None if None in rows or not rows else max(rows)  # type: ignore[type-var]
 
     def _options(self, name: str, last: bool) -> dict[str, Any]:
@@ -182,6 +200,8 @@ class HybridDrafter(Drafter):
         for i, part in enumerate(self.parts):
             if left <= 0:
                 break
+            if i in self._resting:  # no features this request: it cannot draft
+                continue
             if i > 0 and not self._pays(ctx, i, budget - left):
                 self._skipped.add(i)
                 continue
@@ -284,6 +304,26 @@ class HybridDrafter(Drafter):
     def finish(self, ctx: DraftContext) -> None:
         for part in self.parts:
             part.finish(ctx)
+        self._rest()
+
+    def _rest(self) -> None:
+        """After a request: a feature-reading part after the first that ends it priced out
+        rests in the next requests, but for one in REST_EVERY, where it reads the features
+        and is asked at its first step; one that pays reads them in every request."""
+        self._resting = set()
+        for i, part in enumerate(self.parts):
+            rec = self.records[i]
+            if i == 0 or not part.wants_hidden:
+                continue
+            if rec.tokens is None or rec.tokens >= rec.price:
+                rec.rested = 0
+                continue
+            rec.rested += 1
+            if rec.rested % REST_EVERY:
+                self._resting.add(i)
+            else:
+                rec.skipped = rec.wait  # a probe at the first step it can draft
+        self._features()
 
 
 def merge(drafts: Sequence[Draft], budget: int) -> Draft | None:
