@@ -73,7 +73,7 @@ class EagleDrafter(Drafter):
         head: str | None = None,
         topk: int = 2,
         width: int = 2,
-        window: int = 512,
+        window: int = 256,
         max_draft: int = 8,
         min_prob: float = 0.0,
     ) -> None:
