@@ -13,11 +13,12 @@ is the whole budget; where it costs several, a shorter draft; where no draft is 
 cost against a plain step's one token, plain steps, with a short probe now and then: after
 ``probe_every`` plain steps, then twice as many after each probe whose draft is rejected and
 leaves drafting at a loss (up to ``probe_max``), so that a drafter that does not pay on this
-host costs a probe every few dozen steps. What it learnt (the rates, the wait, the steps
-left of a pause) carries over to the next request with the same drafter
-(``ExitPolicy.memory``), so that a request does not first relearn at its own expense that a
-drafter's drafts are mostly rejected here. It only chooses lengths: the output is the
-verifier's.
+host costs a probe every few dozen steps. Where passes are priced, what it learnt (the
+rates, the wait, the steps left of a pause) carries over to the next request with the same
+drafter (``ExitPolicy.memory``), so that a request does not first relearn at its own expense
+that a drafter's drafts are mostly rejected here; a seeded sampled request may then draw
+other tokens after other requests (never from another law), as with the drafter's measured
+cost (``draft_cost``). It only chooses lengths: the output is the verifier's.
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ class AdaptivePolicy(ExitPolicy):
         self._asked = None
         self._probing = False
         mem = self.memory
-        if mem:  # where the last request with this drafter left off
+        if mem and self.pass_cost is not None:  # where the last priced request left off
             rate = min(1.0, max(0.0, float(mem.get("token_rate", 1.0))))
             learnt = [min(1.0, max(0.0, float(a))) for a in mem.get("accept", [])]
             self._accept = (learnt + [rate] * max_budget)[:max_budget]
@@ -102,7 +103,7 @@ class AdaptivePolicy(ExitPolicy):
             self._paused_for = min(self.probe_max + 1, max(0, int(mem.get("paused_for", 0))))
 
     def _remember(self) -> None:
-        if self.memory is not None:
+        if self.memory is not None and self.pass_cost is not None:
             self.memory.update(
                 accept=list(self._accept),
                 token_rate=self._token_rate,

@@ -365,3 +365,7 @@ def test_what_the_policy_learnt_carries_over_to_the_next_request():
     fresh = adaptive(8, CHEAP)
     fresh.draft_cost = lambda k: 2.0
     assert fresh.draft_budget() > 0  # no memory: hopeful, as a request always began
+    unpriced = AdaptivePolicy(probe_every=4, probe_max=16)
+    unpriced.memory = memory  # passes not priced: budgets as a fresh request's, as before
+    unpriced.start(8)
+    assert unpriced.draft_budget() == 4 and unpriced._paused_for == 0
