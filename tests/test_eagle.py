@@ -289,6 +289,13 @@ def test_on_a_target_run_on_blocks_the_head_reads_q8_blocks_for_a_few_rows():
         else:
             assert not torch.equal(got, want)  # rounded: the blocks were read
             torch.testing.assert_close(got, want, atol=0.02 * float(want.abs().max()), rtol=0)
+        # the layers reading one input in one product of their stacked blocks: each output
+        # row as its own layer's product computes it, bit for bit
+        for group in ((head.wq, head.wk, head.wv), (head.gate, head.up)):
+            with torch.inference_mode():
+                stacked = head._lins(group, x)
+                alone = [head._lin(m, x) for m in group]
+            assert all(torch.equal(a, b) for a, b in zip(stacked, alone))
     float_head = EagleDrafter(head="random")._load(TARGET)  # a float target: float weights
     assert all(torch.equal(w, m.weight) for m, w in float_head.small.items())
 

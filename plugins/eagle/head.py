@@ -96,6 +96,7 @@ class EagleHead(nn.Module):
         self.down = nn.Linear(c.intermediate, c.hidden, bias=False)
         self.register_buffer("draft_vocab", draft_vocab.to(torch.long), persistent=True)
         self.small = {}
+        self._stacked: dict[tuple[nn.Module, ...], Any] = {}  # use_small_weights
         inv = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2).float() / c.head_dim))
         self.register_buffer("inv_freq", inv, persistent=False)
 
@@ -103,9 +104,15 @@ class EagleHead(nn.Module):
 
     def use_small_weights(self, convert: Callable[[torch.Tensor], Any], rows: int) -> None:
         """Products of at most ``rows`` rows read ``convert(w)`` for each linear layer's weight
-        ``w`` (drafting a few nodes at a time); larger ones, the float weights."""
-        self.small = {
-            m: convert(m.weight.detach()) for m in self.modules() if isinstance(m, nn.Linear)
+        ``w`` (drafting a few nodes at a time); larger ones, the float weights. The layers
+        that read the same input (the queries, keys and values; the MLP's gate and up) are
+        converted stacked, one product for each such set: each output row is computed as
+        alone, whatever rows are stacked with it."""
+        w = {m: m.weight.detach() for m in self.modules() if isinstance(m, nn.Linear)}
+        self.small = {m: convert(x) for m, x in w.items()}
+        self._stacked = {
+            group: convert(torch.cat([w[m] for m in group]))
+            for group in ((self.wq, self.wk, self.wv), (self.gate, self.up))
         }
         self.few_rows = int(rows)
 
@@ -114,6 +121,13 @@ class EagleHead(nn.Module):
             return layer(x)
         few = x.numel() <= self.few_rows * x.shape[-1]
         return self.product(x, self.small.get(layer, layer.weight) if few else layer.weight)
+
+    def _lins(self, layers: tuple[nn.Linear, ...], x: torch.Tensor) -> list[torch.Tensor]:
+        """``[_lin(m, x) for m in layers]``, in one product where they are stacked."""
+        stacked = self._stacked.get(layers)
+        if self.product is None or stacked is None or x.numel() > self.few_rows * x.shape[-1]:
+            return [self._lin(m, x) for m in layers]
+        return list(self.product(x, stacked).split([m.out_features for m in layers], -1))
 
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         xf = x.float()
@@ -139,9 +153,10 @@ class EagleHead(nn.Module):
         c = self.config
         b, t, _ = x.shape
         h = self._rms(x, self.ln1)
-        q = self._lin(self.wq, h).view(b, t, c.heads, c.head_dim).transpose(1, 2)
-        k = self._lin(self.wk, h).view(b, t, c.kv_heads, c.head_dim).transpose(1, 2)
-        v = self._lin(self.wv, h).view(b, t, c.kv_heads, c.head_dim).transpose(1, 2)
+        q, k, v = self._lins((self.wq, self.wk, self.wv), h)
+        q = q.reshape(b, t, c.heads, c.head_dim).transpose(1, 2)
+        k = k.reshape(b, t, c.kv_heads, c.head_dim).transpose(1, 2)
+        v = v.reshape(b, t, c.kv_heads, c.head_dim).transpose(1, 2)
         return self._rope(q, pos), self._rope(k, pos), v
 
     def finish(
@@ -171,7 +186,8 @@ class EagleHead(nn.Module):
         o = o.view(b, c.heads, t, c.head_dim)
         h = x + self._lin(self.wo, o.transpose(1, 2).reshape(b, t, c.heads * c.head_dim))
         m = self._rms(h, self.ln2)
-        act = F.silu(self._lin(self.gate, m)) * self._lin(self.up, m)
+        gate, up = self._lins((self.gate, self.up), m)
+        act = F.silu(gate) * up
         return h + self._lin(self.down, act)
 
     # -- training -----------------------------------------------------------------------
