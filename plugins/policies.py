@@ -13,12 +13,8 @@ is the whole budget; where it costs several, a shorter draft; where no draft is 
 cost against a plain step's one token, plain steps, with a short probe now and then: after
 ``probe_every`` plain steps, then twice as many after each probe whose draft is rejected and
 leaves drafting at a loss (up to ``probe_max``), so that a drafter that does not pay on this
-host costs a probe every few dozen steps. Where passes are priced, what it learnt (the
-rates, the wait, the steps left of a pause) carries over to the next request with the same
-drafter (``ExitPolicy.memory``), so that a request does not first relearn at its own expense
-that a drafter's drafts are mostly rejected here; a seeded sampled request may then draw
-other tokens after other requests (never from another law), as with the drafter's measured
-cost (``draft_cost``). It only chooses lengths: the output is the verifier's.
+host costs a probe every few dozen steps. Each request starts hopeful, since its text may
+repeat where the last one's did not. It only chooses lengths: the output is the verifier's.
 """
 
 from __future__ import annotations
@@ -92,34 +88,14 @@ class AdaptivePolicy(ExitPolicy):
         self._wait = self.probe_every
         self._asked = None
         self._probing = False
-        mem = self.memory
-        if mem and self.pass_cost is not None:  # where the last priced request left off
-            rate = min(1.0, max(0.0, float(mem.get("token_rate", 1.0))))
-            learnt = [min(1.0, max(0.0, float(a))) for a in mem.get("accept", [])]
-            self._accept = (learnt + [rate] * max_budget)[:max_budget]
-            self._token_rate = rate
-            self._wait = min(self.probe_max, max(self.probe_every, int(mem.get("wait", 0))))
-            # a pause goes on counting over the next request: short requests still probe
-            self._paused_for = min(self.probe_max + 1, max(0, int(mem.get("paused_for", 0))))
-
-    def _remember(self) -> None:
-        if self.memory is not None and self.pass_cost is not None:
-            self.memory.update(
-                accept=list(self._accept),
-                token_rate=self._token_rate,
-                wait=self._wait,
-                paused_for=self._paused_for,
-            )
 
     def draft_budget(self) -> int:
         if self._paused_for > 0:
             self._paused_for -= 1
             self._asked = None
             if self._paused_for > 0:
-                self._remember()
                 return 0
             self._probing = True
-            self._remember()
             return max(1, min(2, self._max))  # probe
         probed, self._probing = self._probing, False
         self._asked = self._priced(self._budget)
@@ -131,7 +107,6 @@ class AdaptivePolicy(ExitPolicy):
             self._paused_for = self._wait
         else:
             self._wait = self.probe_every
-        self._remember()
         return self._asked
 
     def _priced(self, budget: int) -> int:
@@ -180,7 +155,6 @@ class AdaptivePolicy(ExitPolicy):
         if self._rate < self.collapse:
             self._paused_for = self.probe_every + 1  # probe_every plain steps, then a probe
             self._rate = self.collapse  # a probe's success lifts it back above the line
-        self._remember()
 
 
 @hookimpl

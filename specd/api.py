@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
@@ -136,11 +136,6 @@ class ExitPolicy:
     #: (``specd.speculation.DraftClock``). Set by the engine beside :attr:`pass_cost`; None
     #: where passes are not priced.
     draft_cost: Callable[[int], float] | None = None
-    #: What the policy learnt of the request's drafter on this target in earlier requests, for
-    #: the next one to start from: a dict the engine keeps per drafter and policy name and sets
-    #: on the instance before :meth:`start` (the policy's own keys and values); None where it
-    #: keeps none (a policy used outside the engine).
-    memory: dict[str, Any] | None = None
 
     def start(self, max_budget: int) -> None:
         """A request starts; budgets must stay within ``max_budget``."""

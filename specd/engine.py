@@ -97,8 +97,6 @@ class Engine(Prompts):
         self.plugins = PluginInstances(self.guard, dict(drafter_options or {}))
         self.corpus: Corpus | None = None
         self._clocks: dict[str, DraftClock] = {}  # what each drafter's calls cost here
-        # what each exit policy learnt of each drafter (ExitPolicy.memory), by their names
-        self._policy_memory: dict[tuple[str, str], dict[str, Any]] = {}
         self._lock = threading.Lock()
         # Validate the defaults now so a bad name fails at start, not at the first request.
         check_names(drafter, verifier, exit_policy)
@@ -255,7 +253,6 @@ class Engine(Prompts):
             priced = self.target.pass_costs is not None
             spec.policy.pass_cost = self.target.price_passes() if priced else None
             spec.policy.draft_cost = clock.cost if priced else None
-            spec.policy.memory = self._policy_memory.setdefault((req.drafter, req.exit_policy), {})
         ctx = DraftContext(
             tokens=list(req.prompt),
             params=req.params,

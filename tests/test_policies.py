@@ -340,32 +340,3 @@ def test_rejected_probes_wait_longer_each_time_and_one_accepted_whole_resets_the
     policy.observe(budget, budget)  # accepted whole, yet drafting still at a loss here
     policy._accept = [0.5] * 8
     assert _plain_steps_to_probe(policy)[0] == 4
-
-
-def test_what_the_policy_learnt_carries_over_to_the_next_request():
-    """Guards against each request relearning a drafter from scratch: one whose drafts do not
-    pay on this host is drafted from at full budget at every request's start (each such
-    draft a wasted pass and call). With the engine's memory the next request starts where the
-    last one left off, its pause counting on, so that requests shorter than the pause still
-    probe; a policy without memory starts hopeful as before."""
-    memory: dict = {}
-    policy = adaptive(8, CHEAP, probe_every=4, probe_max=16)
-    policy.memory = memory
-    policy.start(8)
-    _no_pay(policy)
-    _plain_steps_to_probe(policy)
-    policy.observe(2, 0)  # a rejected probe: rates down, the wait doubled
-    assert policy.draft_budget() == 0
-    nxt = AdaptivePolicy(probe_every=4, probe_max=16)
-    nxt.pass_cost, nxt.draft_cost, nxt.memory = CHEAP, lambda k: 2.0, memory
-    nxt.start(8)
-    assert nxt._accept == policy._accept and nxt._wait == 8
-    plain, _ = _plain_steps_to_probe(nxt)
-    assert plain == 7  # the pause begun in the last request, one step of it taken there
-    fresh = adaptive(8, CHEAP)
-    fresh.draft_cost = lambda k: 2.0
-    assert fresh.draft_budget() > 0  # no memory: hopeful, as a request always began
-    unpriced = AdaptivePolicy(probe_every=4, probe_max=16)
-    unpriced.memory = memory  # passes not priced: budgets as a fresh request's, as before
-    unpriced.start(8)
-    assert unpriced.draft_budget() == 4 and unpriced._paused_for == 0
