@@ -88,6 +88,7 @@ class AdaptivePolicy(ExitPolicy):
         self._wait = self.probe_every
         self._asked = None
         self._probing = False
+        self._probe_whole = False
 
     def draft_budget(self) -> int:
         if self._paused_for > 0:

@@ -133,7 +133,7 @@ class Target:
         """A drafter's own weight ``w`` ``[N, K]`` as :meth:`linear` reads it fastest for a
         few rows: where the target runs on blocks (its LM head kept as blocks: a model run as
         it ships, or ``--weights q8|q4``) and the CPU kernels run, ``w`` rounded to Q8_0 blocks
-        (a quarter of its float32 bytes); else ``w`` itself."""
+        (34 bytes for 32 values, against 128 in float32); else ``w`` itself."""
         out = self.model.get_output_embeddings()
         if (
             out is None
