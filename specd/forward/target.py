@@ -10,11 +10,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from ..errors import BadInputError
 from ..kvcache import KVCache
-from . import architectures, blocks, cpu_kernels, early_layers, lean_model, pricing, products
+from . import architectures, blocks, drafting, early_layers, lean_model, pricing
 from .blocks import BlockWeight
 from .compiled import CompiledStep, KernelStep, choose
 from .fastpath import FastDecoder
@@ -125,34 +124,17 @@ class Target:
         faster, :mod:`.products`)."""
         return blocks.product(x, w, fallback=self._few_rows)
 
-    #: The most rows :meth:`linear` multiplies by :meth:`small_weight`'s blocks in the kernel;
-    #: more go through a float product (blocks de-quantized first).
-    few_rows = blocks.PRODUCT_ROWS
+    few_rows = drafting.FEW_ROWS  #: the most rows :meth:`linear` reads blocks for in the kernel
 
     def small_weight(self, w: torch.Tensor) -> torch.Tensor | BlockWeight:
-        """A drafter's own weight ``w`` ``[N, K]`` as :meth:`linear` reads it fastest for a
-        few rows: where the target runs on blocks (its LM head kept as blocks: a model run as
-        it ships, or ``--weights q8|q4``) and the CPU kernels run, ``w`` rounded to Q8_0 blocks
-        (34 bytes for 32 values, against 128 in float32); else ``w`` itself."""
-        out = self.model.get_output_embeddings()
-        if (
-            out is None
-            or not isinstance(out.weight, BlockWeight)
-            or w.dim() != 2
-            or w.shape[1] % 32
-            or w.device.type != "cpu"
-            or not cpu_kernels.available()
-        ):
-            return w
-        return blocks.quantize(w, "q8_0")
+        """A drafter's weight ``w`` as :meth:`linear` reads it fastest (:func:`.drafting.small_weight`:
+        Q8_0 blocks where the target runs on blocks)."""
+        return drafting.small_weight(self.model, w)
 
     def _few_rows(
         self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None
     ) -> torch.Tensor:
-        if self.fast is not None and self.fast.weight_major and not isinstance(w, BlockWeight):
-            y = products.weight_major(x, w)
-            return y if b is None else y + b
-        return F.linear(x, w, b)
+        return drafting.few_rows(self.fast, x, w, b)
 
     def remembered(self, kind: str, compute: Callable[[], str]) -> str:
         """``compute()``, a string that depends on this target's weights alone, kept across
@@ -173,10 +155,8 @@ class Target:
         return value
 
     def lm_head_rows(self, index: torch.Tensor) -> torch.Tensor | BlockWeight:
-        """The LM head's rows ``index`` ``[len(index), hidden]`` as the target stores them:
-        blocks stay blocks (their bytes copied), float rows a float copy."""
-        w = self.model.get_output_embeddings().weight
-        return blocks.rows_of(w, index) if isinstance(w, BlockWeight) else w[index]
+        """The LM head's rows ``index`` as the target stores them (:func:`.drafting.lm_head_rows`)."""
+        return drafting.lm_head_rows(self.model, index)
 
     @property
     def max_positions(self) -> int:
