@@ -1,6 +1,7 @@
-"""How the ways of storing the default model's weights compare, on held-out code.
+"""How the ways of storing the default model's weights and KV cache compare, on held-out code.
 
-For each ``--weights`` choice, against the float32 de-quantized copy (``f32``):
+For each ``--weights`` choice, against the reference (``--reference``, default ``f32@float32``:
+the float32 de-quantized copy over a float32 cache):
 
 - ``top1``: how often the choice's most likely next token is float32's, over every position
   of the held-out windows (teacher-forced: both read the same text, in passes of the served
@@ -11,13 +12,16 @@ For each ``--weights`` choice, against the float32 de-quantized copy (``f32``):
   (the completion's length where none does).
 
 A choice with ``:float`` after it (``native:float``) is loaded with the step's int8 products
-off (``SPECD_INT8_PRODUCTS=off``): its blocks decoded to floats.
+off (``SPECD_INT8_PRODUCTS=off``): its blocks decoded to floats. One with ``@float16`` or
+``@float32`` after it stores its KV cache so (``--kv-dtype``; else ``auto``).
 
 Held-out text: windows of the Python standard library's own files, which no weight or head
 of specd was fitted to. Run it alone on the machine:
 
     python scripts/weights_quality.py --files 24 --window 512 --prompts 24 --tokens 48 \
         --weights native,native:float,q8,q4 --json OUT.json
+    python scripts/weights_quality.py --reference native@float32 \
+        --weights native@float16 --json OUT.json  # the cache of halves alone
 """
 
 from __future__ import annotations
@@ -67,27 +71,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts", type=int, default=24)
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--weights", default="native,q8,q4")
+    ap.add_argument("--reference", default="f32@float32")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     choices = [c for c in args.weights.split(",") if c]
-    ref = Engine.load(models.DEFAULT_MODEL, weights="f32")
+    ref = _load(args.reference)
     texts = windows(ref.target, args.files, args.window)
     prompts = [p.ids for p in workloads.build("humaneval", ref.target, limit=args.prompts)]
     params = SamplingParams(max_tokens=args.tokens)
     t0 = time.perf_counter()
     ref_logits = [logits_of(ref.target, ids) for ids in texts]
     ref_out = [ref.generate(p, params, drafter="none").token_ids for p in prompts]
-    rows = {"f32": _quality(ref_logits, ref_logits, texts, ref_out, ref_out)}
+    rows = {args.reference: _quality(ref_logits, ref_logits, texts, ref_out, ref_out)}
     del ref
     for choice in choices:
-        weights, _, products = choice.partition(":")
-        os.environ["SPECD_INT8_PRODUCTS"] = "off" if products == "float" else "on"
-        engine = Engine.load(models.DEFAULT_MODEL, weights=weights)
+        engine = _load(choice)
         got = [logits_of(engine.target, ids) for ids in texts]
         out = [engine.generate(p, params, drafter="none").token_ids for p in prompts]
         rows[choice] = _quality(got, ref_logits, texts, out, ref_out)
         rows[choice]["format"] = engine.target.model.weight_format
         rows[choice]["weight_bytes"] = engine.target.weight_bytes()
+        rows[choice]["kv_dtype"] = str(engine.target.kv_dtype).removeprefix("torch.")
         print(choice, json.dumps(rows[choice]), flush=True)
         del engine
     report = {
@@ -106,6 +110,14 @@ def main(argv: list[str] | None = None) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=1) + "\n")
     return 0
+
+
+def _load(choice: str) -> Engine:
+    """The default model as ``choice`` (``WEIGHTS[:float][@KV_DTYPE]``) stores it."""
+    choice, _, kv = choice.partition("@")
+    weights, _, products = choice.partition(":")
+    os.environ["SPECD_INT8_PRODUCTS"] = "off" if products == "float" else "on"
+    return Engine.load(models.DEFAULT_MODEL, weights=weights, kv_dtype=kv or "auto")
 
 
 def _quality(got, ref, texts, out, ref_out) -> dict:

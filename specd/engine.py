@@ -113,6 +113,7 @@ class Engine(Prompts):
         prefill_dtype: str | None = None,
         packed_weights: str = "off",
         weights: str = "auto",
+        kv_dtype: str = "auto",
         **engine_options: Any,
     ) -> Engine:
         """Load a model offline, ready to serve (:func:`specd.forward.models.serving_target`,
@@ -125,7 +126,7 @@ class Engine(Prompts):
         target = serving_target(
             model, dtype=dtype, device=device, trust_remote_code=trust_remote_code,
             compile=compile, prefill_dtype=prefill_dtype, packed_weights=packed_weights,
-            weights=weights,
+            weights=weights, kv_dtype=kv_dtype,
         )  # fmt: skip
         return cls(target, **engine_options)
 

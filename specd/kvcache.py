@@ -72,11 +72,17 @@ class _GrowingLayer:
         n = key_states.shape[2]
         self._reserve(self.length + n)
         assert self._k is not None and self._v is not None
-        # Stored in the buffer's dtype (a bfloat16 prefill fills a float32 cache).
+        # Stored in the buffer's dtype (a bfloat16 prefill fills a float32 cache; a float16
+        # cache rounds float32 keys and values to the nearest half, as the step kernel does),
+        # and read back in the caller's: every new token attends to what the cache holds.
         self._k[:, :, self.length : self.length + n] = key_states
         self._v[:, :, self.length : self.length + n] = value_states
         self.length += n
-        return self.keys, self.values
+        keys, values = self.keys, self.values
+        assert keys is not None and values is not None
+        if keys.dtype != key_states.dtype:
+            keys, values = keys.to(key_states.dtype), values.to(value_states.dtype)
+        return keys, values
 
     def reserve(self, needed: int) -> None:
         """Room for ``needed`` positions without growing step by step."""

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import BadInputError
 from .forward.weights import CHOICES as WEIGHTS  # imports no model library
+from .forward.weights import KV_DTYPES
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -73,6 +74,15 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         "de-quantized copy), bf16 | q8 | q4 (quantized on load, weight-only, groups of 32), "
         "or auto (default: native for a GGUF model on specd's CPU forward, else f32); "
         "blocks need specd's CPU forward and compute in float32",
+    )
+    g.add_argument(
+        "--kv-dtype",
+        choices=KV_DTYPES,
+        default="auto",
+        help="what the KV cache stores keys and values as: float16 (half the memory, and "
+        "half the bytes a step reads of it; each rounded once, when the cache takes it), "
+        "float32, or auto (default: float16 where specd's step kernel serves a float32 model "
+        "on the CPU, else the model's dtype)",
     )
     g.add_argument(
         "--trust-remote-code",
@@ -162,6 +172,7 @@ def build_engine(args: argparse.Namespace, **engine_options: Any) -> Engine:
         prefill_dtype=getattr(args, "prefill_dtype", None),
         packed_weights=getattr(args, "packed_weights", None) or "off",
         weights=getattr(args, "weights", "auto"),
+        kv_dtype=getattr(args, "kv_dtype", "auto"),
         drafter=args.drafter,
         verifier=args.verifier,
         exit_policy=args.exit_policy,

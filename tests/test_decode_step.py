@@ -57,11 +57,12 @@ def _qwen2(seed: int = 6):
     return model
 
 
-def _pair(model) -> tuple[Target, Target]:
+def _pair(model, kv: torch.dtype = torch.float32) -> tuple[Target, Target]:
     eager = Target(model, CharTokenizer(VOCAB))
     kernel = Target(model, CharTokenizer(VOCAB))
     step = kernel.compile("on", backend="kernel")
     assert step is not None and step.ready, step and step.reason
+    eager.kv_dtype = kernel.kv_dtype = kv  # what both caches store
     return eager, kernel
 
 
@@ -102,8 +103,55 @@ def test_every_pass_equals_the_eager_pass(build, make, seed):
 
 
 @needs_kernel
-def test_greedy_output_is_identical_to_plain_decoding(build):
-    eager, kernel = _pair(_model(layers=3))
+@pytest.mark.parametrize("make,seed", [(_model, 17), (_qwen2, 19), (_wide3, 23)])
+def test_every_pass_over_a_float16_cache_equals_the_eager_pass(make, seed):
+    """Both forwards round each new key and value to a half and attend to the rounded ones:
+    they agree as closely as two roundings of slightly different float32 keys allow (one
+    may land a half's step away where the two straddle a midpoint)."""
+    eager, kernel = _pair(make(), torch.float16)
+    assert replay_session(eager, kernel, seed=seed, steps=14, tol=2e-3) == 14
+
+
+@needs_kernel
+def test_a_float16_cache_holds_the_nearest_half_of_each_key_and_value(build):
+    """The first layer's new keys and values (the same float32 values either way, before any
+    attention) stored by the kernel as halves are what torch rounds them to."""
+    caches = {}
+    for kv in (torch.float32, torch.float16):
+        _, kernel = _pair(_wide3(), kv)
+        cache = kernel.new_cache(capacity=64)
+        kernel.prefill(cache, [3, 1, 4, 1, 5])
+        kernel.forward(cache, [9, 2, 6])  # a pass of three through the kernel
+        caches[kv] = cache.layer(0)
+    k32, v32 = caches[torch.float32].keys, caches[torch.float32].values
+    k16, v16 = caches[torch.float16].keys, caches[torch.float16].values
+    assert k16.dtype == v16.dtype == torch.float16 and k16.shape == k32.shape
+    assert torch.equal(k16[:, :, 5:], k32[:, :, 5:].half())
+    assert torch.equal(v16[:, :, 5:], v32[:, :, 5:].half())
+
+
+@needs_kernel
+@pytest.mark.parametrize("kv", [torch.float32, torch.float16])
+def test_a_pass_equals_its_one_token_steps_bit_for_bit(build, kv):
+    """What makes speculation emit what plain decoding emits: a verify pass's logits are
+    those of the one-token steps that would decode its tokens, over either cache (a new
+    token attends to its own key and value as the cache will hold them)."""
+    _, kernel = _pair(_wide3(), kv)
+    prompt, fed = [3, 1, 4, 1, 5, 9, 2], [6, 5, 3, 5, 8]
+    cache = kernel.new_cache(capacity=64)
+    kernel.prefill(cache, prompt)
+    passed = kernel.forward(cache, fed).logits
+    cache = kernel.new_cache(capacity=64)
+    kernel.prefill(cache, prompt)
+    stepped = torch.cat([kernel.forward(cache, [t]).logits for t in fed])
+    assert kernel.compiled.served >= 6
+    assert torch.equal(passed, stepped)
+
+
+@needs_kernel
+@pytest.mark.parametrize("kv", [torch.float32, torch.float16])
+def test_greedy_output_is_identical_to_plain_decoding(build, kv):
+    eager, kernel = _pair(_model(layers=3), kv)
     params = SamplingParams(max_tokens=48)
     prompt = "abcabcabd abcab abcabc"
     plain = Engine(eager, drafter="none").generate(prompt, params)
@@ -170,9 +218,13 @@ def test_bad_calls_are_refused_with_what_was_wrong():
     with pytest.raises(ValueError, match="tree mask"):
         run(torch.tensor([1, 2]), cos.expand(1, 1, 2, -1), sin.expand(1, 1, 2, -1), bufs, 4,
             torch.ones(3, 3, dtype=torch.bool))  # fmt: skip
-    half = [(k.half(), v.half()) for k, v in bufs]
-    with pytest.raises(ValueError, match="cannot take positions 4-4"):
-        run(torch.tensor([1]), cos, sin, half, 4)
+    for odd in (
+        [(k.bfloat16(), v.bfloat16()) for k, v in bufs],  # neither float32 nor float16
+        [(k, v.half()) for k, v in bufs],  # keys and values stored alike, or refused
+        [(k.half(), v.half()) for k, v in bufs[:1]] + bufs[1:],  # every layer alike
+    ):
+        with pytest.raises(ValueError, match="cannot take positions 4-4"):
+            run(torch.tensor([1]), cos, sin, odd, 4)
     short = [(k[:, :, :4], v[:, :, :4]) for k, v in bufs]
     with pytest.raises(ValueError, match="cannot take positions 4-4"):
         run(torch.tensor([1]), cos, sin, short, 4)
@@ -187,13 +239,13 @@ def test_bad_calls_are_refused_with_what_was_wrong():
 def test_a_cache_in_another_dtype_turns_the_step_off_and_runs_eager(caplog):
     eager, kernel = _pair(_model())
     cache = kernel.new_cache(capacity=16)
-    for layer in cache._layers:  # what a half-precision cache holds
-        layer._dtype = torch.float16
+    for layer in cache._layers:  # a dtype the kernel does not read
+        layer._dtype = torch.bfloat16
     kernel.prefill(cache, [1, 2, 3])
     with caplog.at_level(logging.WARNING, logger="specd.forward.compiled"):
         out = kernel.forward(cache, [4])
     assert out.logits.shape == (1, VOCAB)
-    assert kernel.compiled.state == "failed" and "float16" in kernel.compiled.reason
+    assert kernel.compiled.state == "failed" and "bfloat16" in kernel.compiled.reason
 
 
 @needs_kernel

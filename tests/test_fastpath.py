@@ -384,6 +384,7 @@ def test_a_long_prefill_on_blocks_multiplies_by_prepacked_values(monkeypatch):
     if not products.packable():
         pytest.skip("this torch build has no oneDNN prepacked linear")
     target = tiny_blocks_target(VOCAB, "q8", seed=3)
+    target.kv_dtype = torch.float32  # the products compared, not a rounding to halves after them
     target.fast._block_prefill = "prepacked"  # type: ignore[union-attr]  # as if it won
     prompt = [(5 * i + 1) % VOCAB for i in range(300)]  # past STEP_PREFILL_TOKENS
     packed = []
@@ -416,6 +417,7 @@ def test_a_long_prefill_on_woven_blocks_runs_the_int8_products(monkeypatch, weig
     if not cpu_kernels.available():
         pytest.skip(f"the CPU kernels do not run here: {cpu_kernels.reason}")
     target = tiny_blocks_target(VOCAB, weights, seed=3)
+    target.kv_dtype = torch.float32  # the products compared, not a rounding to halves after them
     fast_decoder = target.fast
     assert fast_decoder is not None and "int8" in fast_decoder._prefill_products()
     fast_decoder._block_prefill = "int8"  # as if it won

@@ -34,6 +34,7 @@ from specd.forward.tiny import (
     tiny_model,
     tiny_target,
 )
+from specd.kvcache import KVCache
 from specd.registry import get_plugin_manager
 from specd.sampling import SamplingParams
 
@@ -116,7 +117,8 @@ def test_the_q4_target_computes_on_its_blocks_not_the_float_weights(q4, f64):
     same = tiny_model(VOCAB, hidden_size=BLOCKS_HIDDEN, seed=0, dtype=torch.float32)
     same.load_state_dict(q4.model.state_dict())  # blocks give their float32 values
     decoded = logits(Target(same, CharTokenizer(VOCAB)), tokens)
-    eager = q4.forward(q4.new_cache(), tokens, eager=True).logits
+    float_cache = KVCache(q4.num_layers, dtype=torch.float32)  # as the float32 model's
+    eager = q4.forward(float_cache, tokens, eager=True).logits
     torch.testing.assert_close(eager, decoded, rtol=1e-5, atol=1e-5)
     served = logits(q4, tokens)
     assert float((served - decoded).norm() / decoded.norm()) < 0.05

@@ -53,27 +53,37 @@ def logits(target: Target, tokens: list[int]) -> torch.Tensor:
     return target.forward(target.new_cache(), tokens, eager=True).logits  # [T, V]
 
 
+#: Options that say how a model is stored: flag, its choices, a value it refuses.
+STORAGE_OPTIONS = {
+    "weights": ("--weights", stored.CHOICES, "q5"),
+    "kv_dtype": ("--kv-dtype", stored.KV_DTYPES, "int8"),
+}
+
+
+@pytest.mark.parametrize("option", STORAGE_OPTIONS)
 @pytest.mark.parametrize("command", COMMANDS)
-def test_every_command_that_loads_a_model_takes_weights(command, capsys):
+def test_every_command_that_loads_a_model_takes_the_storage_options(command, option, capsys):
+    flag, choices, bad = STORAGE_OPTIONS[option]
     parser = build_parser()
     argv = COMMANDS[command]
-    assert parser.parse_args(argv).weights == "auto"
-    for value in stored.CHOICES:
-        assert parser.parse_args([*argv, "--weights", value]).weights == value
+    assert getattr(parser.parse_args(argv), option) == "auto"
+    for value in choices:
+        assert getattr(parser.parse_args([*argv, flag, value]), option) == value
     with pytest.raises(SystemExit) as e:
-        parser.parse_args([*argv, "--weights", "q5"])
+        parser.parse_args([*argv, flag, bad])
     assert e.value.code == 2
     err = capsys.readouterr().err
-    assert "--weights" in err and "'q5'" in err
-    assert all(f"'{value}'" in err or value in err for value in stored.CHOICES)
+    assert flag in err and f"'{bad}'" in err
+    assert all(f"'{value}'" in err or value in err for value in choices)
 
 
-def test_the_session_bench_hands_weights_to_its_daemon():
+def test_the_session_bench_hands_the_storage_options_to_its_daemon():
     from specd.bench.session_report import _model_args
 
-    args = build_parser().parse_args(["bench", "--workload", "session", "--weights", "q4"])
-    flags = _model_args(args)
+    argv = ["bench", "--workload", "session", "--weights", "q4", "--kv-dtype", "float32"]
+    flags = _model_args(build_parser().parse_args(argv))
     assert flags[flags.index("--weights") + 1] == "q4"
+    assert flags[flags.index("--kv-dtype") + 1] == "float32"
 
 
 def test_native_is_refused_for_a_safetensors_model(checkpoint, capsys):

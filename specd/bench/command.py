@@ -53,6 +53,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         prefill_dtype=args.prefill_dtype,
         packed_weights=args.packed_weights or "off",
         weights=args.weights,
+        kv_dtype=args.kv_dtype,
     )
     target = spec.load()
     draft_lm = spec.load_draft(args.draft_model, target) if any(c.assisted for c in cfgs) else None
@@ -154,6 +155,7 @@ _DEFAULTS = {
     "keystroke_ms": session_report.DEFAULT_KEYSTROKE_MS,
     "compile": "auto",
     "weights": "auto",
+    "kv_dtype": "auto",
 }
 
 

@@ -201,7 +201,7 @@ def kv_bytes(target: Target, context: int) -> int:
     cfg = target.config.get_text_config(decoder=True)
     heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    elem = torch.empty((), dtype=target.dtype).element_size()
+    elem = torch.empty((), dtype=target.kv_dtype).element_size()
     return 2 * target.num_layers * heads * head_dim * context * elem
 
 

@@ -225,6 +225,7 @@ def machine_info(target) -> dict[str, Any]:
         "model": target.name,
         "weights": stored.format_of(target.model),  # how the matrices are stored (--weights)
         "weight_bytes": target.weight_bytes(),
+        "kv_dtype": str(target.kv_dtype).removeprefix("torch."),  # what the cache stores
         # whether the step multiplies quantized weights with int8 activations (woven)
         "int8_products": bool(target.compiled is not None and target.compiled.int8_products),
         "load_avg_start": _loadavg(),

@@ -40,6 +40,8 @@ class TargetSpec:
     packed_weights: str = "off"
     #: ``--weights``
     weights: str = "auto"
+    #: ``--kv-dtype``
+    kv_dtype: str = "auto"
 
     def load(self):
         """The target as ``Engine.load`` serves it: its step compiled, its verify passes
@@ -56,6 +58,7 @@ class TargetSpec:
             prefill_dtype=self.prefill_dtype,
             packed_weights=self.packed_weights,
             weights=self.weights,
+            kv_dtype=self.kv_dtype,
         )
 
     def load_draft(self, draft_model: str, target):

@@ -56,6 +56,7 @@ def markdown(report: dict[str, Any]) -> str:
             f"{fl['copy_gb_s']:.1f}); a step reads {fl['weight_bytes'] / 2**20:.0f} MiB of weights "
             f"as stored ({report['machine'].get('weights', '?')}) and "
             f"{fl.get('kv_bytes', 0) / 2**20:.0f} MiB of cached keys and values "
+            f"({report['machine'].get('kv_dtype', 'float32')}) "
             f"→ floor {fl['floor_s'] * 1e3:.1f} ms; target one-token step at {fl['context']} tokens "
             f"{fl['step_s'] * 1e3:.1f} ms = {fl['ratio']:.2f}× the floor.",
         ]

@@ -107,6 +107,7 @@ def _model_args(args: argparse.Namespace) -> list[str]:
         ("--max-tokens", args.max_tokens),
         ("--packed-weights", args.packed_weights),
         ("--weights", args.weights),
+        ("--kv-dtype", args.kv_dtype),
     ):
         if value is not None:
             out += [flag, str(value)]
@@ -212,6 +213,7 @@ def _machine(args: argparse.Namespace, load_start: list[float] | None) -> dict[s
         "python": platform.python_version(),
         "model": args.model,
         "weights": args.weights,
+        "kv_dtype": args.kv_dtype,
         "load_avg_start": load_start,
         "load_avg_end": _loadavg(),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

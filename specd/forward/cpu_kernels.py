@@ -332,6 +332,7 @@ def _open(lib: Path) -> _Library:
     step = dll.specd_decode_step
     step.argtypes = [
         ptr, ptr, i64, ptr,  # layer weights, their formats, layers, cache buffers
+        ctypes.c_int32,  # whether the cache holds halves
         i64, i64, i64, i64, i64,  # hidden, intermediate, query heads, key/value heads, head size
         ctypes.c_float, ctypes.c_float,  # norm epsilon, attention scale
         ptr, ptr, ptr, i64, i64, ptr,  # embeddings, cos, sin, new tokens, cached, tree

@@ -27,7 +27,7 @@ Weight = torch.Tensor | BlockWeight
 
 class DecodeStep:
     """A decode or verify pass (1-:data:`~specd.cpu_kernels.STEP_TOKENS` new tokens over a float32
-    KV cache) of a Llama-style decoder, the whole of it in one call (``specd/csrc/decode_step.cpp``).
+    or float16 KV cache) of a Llama-style decoder, the whole of it in one call (``specd/csrc/decode_step.cpp``).
 
     :param layers: each layer's weights in :data:`LAYER_WEIGHTS` order, as ``[out, in]``
         matrices (float32 or blocks) and float32 vectors.
@@ -102,6 +102,7 @@ class DecodeStep:
         self._buffers: list[tuple[weakref.ref, weakref.ref]] | None = None
         self._capacity = 0
         self._table_of_buffers = torch.empty(0, dtype=torch.int64)
+        self._kv_half = False  # whether those buffers hold float16 (else float32)
 
     def _checked(
         self, name: str, w: Weight | None, shape: tuple[int, ...], blocks: bool = False
@@ -182,7 +183,7 @@ class DecodeStep:
         hidden = torch.empty(t, self.hidden, dtype=torch.float32)
         step(
             self._table.data_ptr(), self._formats.data_ptr(), self.layers, table.data_ptr(),
-            *sizes, self.eps, self.scale, x.data_ptr(), cos.data_ptr(), sin.data_ptr(), t, past,
+            int(self._kv_half), *sizes, self.eps, self.scale, x.data_ptr(), cos.data_ptr(), sin.data_ptr(), t, past,
             tree.data_ptr() if tree is not None else None,
             self._norm, self._lm, self._lm_format, self._lm_b or None, self.vocab,
             logits.data_ptr(), hidden.data_ptr(), work.data_ptr(), threads,
@@ -193,9 +194,10 @@ class DecodeStep:
         self, buffers: list[tuple[torch.Tensor, torch.Tensor]], past: int, t: int
     ) -> torch.Tensor:
         """The kernel's table of the cache buffers (each layer's key and value pointers and
-        head strides), checked to hold positions ``past .. past + t - 1``: built once for a
-        set of buffers and kept while a cache passes the same ones (they change only as it
-        grows), which saves checking 60 buffers a step."""
+        head strides), checked to hold positions ``past .. past + t - 1``, all float32 or all
+        float16 (:attr:`_kv_half`): built once for a set of buffers and kept while a cache
+        passes the same ones (they change only as it grows), which saves checking 60 buffers a
+        step."""
         kept = self._buffers or []
         same = len(buffers) == len(kept) > 0
         same = same and all(k is k0() and v is v0() for (k, v), (k0, v0) in zip(buffers, kept))
@@ -203,17 +205,21 @@ class DecodeStep:
         if same and end <= self._capacity:
             return self._table_of_buffers
         d, cache = self.head_dim, []
+        dtype = buffers[0][0].dtype if buffers else torch.float32
+        kind = "float32" if dtype != torch.float16 else "float16"
         for k, v in buffers:
             for x in (k, v):
                 ok = x.dim() == 4 and x.shape[0] == 1 and x.shape[1] == self.kv_heads
-                ok = ok and x.shape[3] == d and x.dtype == torch.float32 and x.device.type == "cpu"
+                ok = ok and x.shape[3] == d and x.device.type == "cpu"
+                ok = ok and x.dtype == dtype and dtype in (torch.float32, torch.float16)
                 if not ok or x.stride(3) != 1 or x.stride(2) != d or x.shape[2] < end:
                     raise ValueError(
                         f"decode step kernel: cache buffer {tuple(x.shape)} {x.dtype} cannot take "
                         f"positions {past}-{end - 1} "
-                        f"(expected float32 [1, {self.kv_heads}, >= {end}, {d}])"
+                        f"(expected {kind} [1, {self.kv_heads}, >= {end}, {d}])"
                     )
             cache += [k.data_ptr(), v.data_ptr(), k.stride(1), v.stride(1)]
+        self._kv_half = dtype == torch.float16
         self._buffers = [(weakref.ref(k), weakref.ref(v)) for k, v in buffers]  # not kept alive
         self._capacity = min(x.shape[2] for kv in buffers for x in kv)
         self._table_of_buffers = torch.tensor(cache, dtype=torch.int64)

@@ -165,12 +165,17 @@ def serving_target(
     prefill_dtype: str | None = None,
     packed_weights: str = "off",
     weights: str = "auto",
+    kv_dtype: str = "auto",
 ) -> Target:
-    """:func:`load_target`, then made ready to serve: its prefill dtype, packed weights and
-    compiled step set (:meth:`~specd.forward.target.Target.set_prefill_dtype`,
+    """:func:`load_target`, then made ready to serve: its prefill dtype, packed weights,
+    compiled step and cache dtype set (:meth:`~specd.forward.target.Target.set_prefill_dtype`,
     :meth:`~specd.forward.target.Target.pack_weights`,
-    :meth:`~specd.forward.target.Target.compile`), its verify passes priced."""
+    :meth:`~specd.forward.target.Target.compile`, :func:`.weights.choose_kv_dtype`), its verify
+    passes priced."""
     prefill = parse_dtype(prefill_dtype) if prefill_dtype else None  # fail before loading
+    if kv_dtype not in stored.KV_DTYPES:
+        choices = ", ".join(stored.KV_DTYPES)
+        raise BadInputError(f"--kv-dtype must be one of {choices}, got {kv_dtype!r}")
     target = load_target(
         model, dtype=dtype, device=device, trust_remote_code=trust_remote_code, weights=weights
     )
@@ -178,6 +183,7 @@ def serving_target(
     target.set_prefill_dtype(prefill)
     target.pack_weights(packed_weights)
     target.compile(compile)
+    target.kv_dtype = stored.choose_kv_dtype(target, kv_dtype)
     target.price_passes()
     return target
 

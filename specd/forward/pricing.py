@@ -173,6 +173,7 @@ def key(target: Any, serving: str) -> dict:
     return {
         "model": target.name, "vocab": target.vocab_size, "weight_bytes": target.weight_bytes(),
         "dtype": str(p.dtype) if p is not None else "", "device": str(target.device),
+        "kv dtype": str(getattr(target, "kv_dtype", "")),
         "backend": serving, "threads": torch.get_num_threads(),
         "isa": cpu_kernels.isa() if serving == "kernel" else "",
         "library": cpu_kernels.library_file() if serving == "kernel" else "",

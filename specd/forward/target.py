@@ -78,6 +78,8 @@ class Target:
         self.compiled: CompiledStep | None = None
         #: the lean forward prefill runs in another dtype (:meth:`set_prefill_dtype`)
         self.prefill_fast: FastDecoder | None = None
+        #: what a new cache stores keys and values as (:func:`.weights.choose_kv_dtype`)
+        self.kv_dtype: torch.dtype = self.dtype
 
     def hf_model(self) -> Any:
         """The served model as a transformers model, for what needs transformers itself (its
@@ -89,7 +91,7 @@ class Target:
         if self.compiled is not None and self.compiled.backend == "cudagraph":
             # A captured graph replays only until its cache outgrows the buffer it holds.
             capacity = max(capacity, min(STATIC_CAPACITY, self.max_positions))
-        return KVCache(self.num_layers, capacity=capacity, dtype=self.dtype)
+        return KVCache(self.num_layers, capacity=capacity, dtype=self.kv_dtype)
 
     def set_prefill_dtype(self, dtype: torch.dtype | None) -> None:
         """Run prefill in ``dtype`` (e.g. bfloat16, on CPUs with bfloat16 instructions) while

@@ -104,7 +104,8 @@ def tiny_blocks_target(
     :data:`specd.forward.weights.QUANTIZED`), quantized from their float32 values, as
     ``--weights`` quantizes a checkpoint on load; norms stay float32 and it computes in
     float32, on the lean forward (:class:`~specd.forward.lean_model.LeanCausalLM`), its
-    passes through the step kernel where the kernels run. :data:`BLOCKS_HIDDEN` wide."""
+    passes through the step kernel over a cache of halves where the kernels run (as
+    ``--kv-dtype auto`` serves a model). :data:`BLOCKS_HIDDEN` wide."""
     from . import lean_model
     from . import weights as stored
 
@@ -127,6 +128,8 @@ def tiny_blocks_target(
     target = Target(lm.eval(), CharTokenizer(vocab_size), name=name, fast=True)
     if cpu_kernels.available():
         target.compile("on", backend="kernel")
+    # its cache as a served model's: halves where the step kernel serves it
+    target.kv_dtype = stored.choose_kv_dtype(target)
     return target
 
 

@@ -611,18 +611,24 @@ inline void silu_mul(const float* g, const float* u, int64_t lo, int64_t hi, flo
     if (r < hi) vstore_n(out + r, f(vload_n(g + r, hi - r, 0.0f), vload_n(u + r, hi - r, 0.0f)), hi - r);
 }
 
-inline float dot(const float* a, const float* b, int64_t n) {
+template <class KV>
+inline float dot(const float* a, const KV* b, int64_t n) {  // b: floats, or a cache's halves
     V16 acc = vzero();
-    for (int64_t i = 0; i < n; i += 16) acc = vfma(vload(a + i), vload(b + i), acc);
+    for (int64_t i = 0; i < n; i += 16) acc = vfma(vload(a + i), vload_kv(b + i), acc);
     return vhsum(acc);
 }
 
+// The attention of one key/value head over a cache that stores its keys and values as KV:
+// float (float32) or uint16_t (IEEE halves). A pass rounds its new tokens' keys and values
+// to what the cache will hold before any token attends to them, so a new row reads the same
+// from kn / vn as from the cache in a later step.
+template <class KV>
 struct Group {
     const float* q;  // rotated queries of the new tokens: token i, head h at q[i * q_t + h * D]
     int64_t q_t;
     int64_t g, rep, T, past, D;
-    const float* k;  // the cache's rows of this key/value head (stride D)
-    const float* v;
+    const KV* k;  // the cache's rows of this key/value head (stride D)
+    const KV* v;
     const float* k_new;  // the new tokens' rotated keys and values: token i at [i * kv_t]
     const float* v_new;
     int64_t kv_t;
@@ -634,20 +640,22 @@ struct Group {
     int64_t reach = 0;
 };
 
-inline bool sees(const Group& a, int64_t i, int64_t j) {
+template <class KV>
+inline bool sees(const Group<KV>& a, int64_t i, int64_t j) {
     if (j < a.past) return true;
     const int64_t n = j - a.past;
     if (a.order != nullptr) return n < a.reach;
     return a.tree == nullptr ? n <= i : a.tree[i * a.T + n] != 0;
 }
 // The row of new position n (of the path, for a node of a tree).
-inline int64_t new_row(const Group& a, int64_t n) { return a.order != nullptr ? a.order[n] : n; }
+template <class KV>
+inline int64_t new_row(const Group<KV>& a, int64_t n) { return a.order != nullptr ? a.order[n] : n; }
 
 // Scores (scaled, -inf where unseen) of pairs [p0, p0 + NP) over positions [j0, j1) into
 // s (row p at s + p * n), 64-wide heads: NP pairs by four keys at a time (vec.h's dots64x4).
 constexpr int64_t D64 = 64;
-template <int NP, class Query, class Key>
-inline void score_block(const Group& a, const Query& query, const Key& key, int64_t j0, int64_t j1,
+template <int NP, class Query, class Key, class KV>
+inline void score_block(const Group<KV>& a, const Query& query, const Key& key, int64_t j0, int64_t j1,
                         int64_t n, int64_t p0, float* s) {
     const float* qp[NP];
     int64_t token[NP];
@@ -660,10 +668,11 @@ inline void score_block(const Group& a, const Query& query, const Key& key, int6
     const int64_t cached = a.past < j1 ? a.past : j1;
     int64_t j = j0;
     for (; j + 4 <= cached; j += 4) {
-        const float* kp[4] = {a.k + j * D64, a.k + (j + 1) * D64, a.k + (j + 2) * D64, a.k + (j + 3) * D64};
+        const KV* kp[4] = {a.k + j * D64, a.k + (j + 1) * D64, a.k + (j + 2) * D64, a.k + (j + 3) * D64};
         if (PREFETCH_VALUES)  // the same rows' values, read once the chunk's scores are done
             for (int y = 0; y < 4; y++)
-                for (int l = 0; l < 4; l++) specd::prefetch(a.v + (j + y) * D64 + 16 * l);
+                for (int64_t b = 0; b < D64 * (int64_t)sizeof(KV); b += 64)
+                    specd::prefetch((const char*)(a.v + (j + y) * D64) + b);
         dots64x4<NP>(qp, kp, a.scale, out);
         for (int x = 0; x < NP; x++) memcpy(s + (p0 + x) * n + (j - j0), out + 4 * x, 4 * sizeof(float));
     }
@@ -671,8 +680,9 @@ inline void score_block(const Group& a, const Query& query, const Key& key, int6
         // past the range's end, the last key again (its scores are not kept): every score is
         // summed the same way wherever the range ends
         const int64_t last = j1 - 1;
-        const float* kp[4] = {key(j), key(j + 1 < last ? j + 1 : last), key(j + 2 < last ? j + 2 : last),
-                              key(j + 3 < last ? j + 3 : last)};
+        alignas(64) float rows[4][D64];  // cached rows of halves, as floats
+        const float* kp[4] = {key(j, rows[0]), key(j + 1 < last ? j + 1 : last, rows[1]),
+                              key(j + 2 < last ? j + 2 : last, rows[2]), key(j + 3 < last ? j + 3 : last, rows[3])};
         dots64x4<NP>(qp, kp, a.scale, out);
         const int64_t keys = j1 - j < 4 ? j1 - j : 4;
         for (int x = 0; x < NP; x++) {
@@ -689,18 +699,18 @@ inline void score_block(const Group& a, const Query& query, const Key& key, int6
 // ones) in a function of its own: a pointer chosen per row, or the tile inlined into
 // attend_group, sent every sum to the stack and back at each row (8 tokens' attention over 1k
 // positions ~1.1x slower on a Zen 3, the stores the hottest instructions).
-template <int R, int CV>
-__attribute__((noinline)) void value_tile(const Group& a, const float* const* sr, int64_t j0, int64_t j1, int64_t c,
+template <int R, int CV, class KV>
+__attribute__((noinline)) void value_tile(const Group<KV>& a, const float* const* sr, int64_t j0, int64_t j1, int64_t c,
                                           float* const* o) {
     V16 acc[R][CV];
     for (int x = 0; x < R; x++)
         for (int y = 0; y < CV; y++) acc[x][y] = vzero();
     const int64_t cached = a.past < j1 ? a.past : j1;
-    const float* val = a.v + j0 * a.D + c;
+    const KV* val = a.v + j0 * a.D + c;
     int64_t j = j0;
     for (; j < cached; j++, val += a.D) {
         V16 vv[CV];
-        for (int y = 0; y < CV; y++) vv[y] = vload(val + 16 * y);
+        for (int y = 0; y < CV; y++) vv[y] = vload_kv(val + 16 * y);
         for (int x = 0; x < R; x++) {
             const V16 pr = vset1(sr[x][j - j0]);
             for (int y = 0; y < CV; y++) acc[x][y] = vfma(pr, vv[y], acc[x][y]);
@@ -723,7 +733,8 @@ __attribute__((noinline)) void value_tile(const Group& a, const float* const* sr
 // [j0, j1): per (head r, token i) the running maximum m, sum l and unnormalised output o
 // [D], at part + (i * Hq + g * rep + r) * (D + 2). Each key and value row is read once for
 // the whole group. s: scratch of rep * T * (j1 - j0) floats.
-void attend_group(const Group& a, int64_t Hq, int64_t j0, int64_t j1, float* s, float* part) {
+template <class KV>
+void attend_group(const Group<KV>& a, int64_t Hq, int64_t j0, int64_t j1, float* s, float* part) {
     const int64_t n = j1 - j0 > 0 ? j1 - j0 : 0, D = a.D, pairs = a.rep * a.T;
     auto out = [&](int64_t p) {  // pair p = i * rep + r
         return part + ((p / a.rep) * Hq + a.g * a.rep + p % a.rep) * (D + 2);
@@ -735,7 +746,17 @@ void attend_group(const Group& a, int64_t Hq, int64_t j0, int64_t j1, float* s, 
         for (int64_t d = 0; d < D; d++) o[2 + d] = 0.0f;
     }
     if (n == 0) return;
-    auto key = [&](int64_t j) { return j >= a.past ? a.k_new + new_row(a, j - a.past) * a.kv_t : a.k + j * D; };
+    // key row j as floats: a new one's, or a cached one's (converted into row, from halves)
+    auto key = [&](int64_t j, float* row) -> const float* {
+        if (j >= a.past) return a.k_new + new_row(a, j - a.past) * a.kv_t;
+        if constexpr (std::is_same<KV, float>::value) {
+            (void)row;
+            return a.k + j * D;
+        } else {
+            for (int64_t d = 0; d < D; d += 16) vstore(row + d, vload_kv(a.k + j * D + d));
+            return row;
+        }
+    };
     auto query = [&](int64_t p) { return a.q + (p / a.rep) * a.q_t + (a.g * a.rep + p % a.rep) * D; };
     int64_t done = 0;  // pairs scored in blocks
     if (D == 64) {
@@ -748,7 +769,9 @@ void attend_group(const Group& a, int64_t Hq, int64_t j0, int64_t j1, float* s, 
     }
     for (int64_t j = j0; j < j1; j++)
         for (int64_t p = done; p < pairs; p++)
-            s[p * n + j - j0] = sees(a, p / a.rep, j) ? dot(query(p), key(j), D) * a.scale : -INFINITY;
+            s[p * n + j - j0] = !sees(a, p / a.rep, j) ? -INFINITY
+                                : j >= a.past ? dot(query(p), a.k_new + new_row(a, j - a.past) * a.kv_t, D) * a.scale
+                                              : dot(query(p), a.k + j * D, D) * a.scale;
     for (int64_t p = 0; p < pairs; p++) {
         float* sr = s + p * n;
         V16 top = vset1(-INFINITY);
@@ -983,6 +1006,11 @@ int specd_weave(const void* blocks, int32_t format, int64_t rows, int64_t K, uin
 // The instruction set this library was built for: "avx512", "avx2", "neon" or "scalar".
 const char* specd_kernel_isa() { return specd::ISA; }
 
+// out[i] = the IEEE half nearest x[i], as a half cache stores a key or value (the self-test's).
+void specd_halves(const float* x, int64_t n, uint16_t* out) {
+    for (int64_t i = 0; i < n; i++) out[i] = specd::float_to_half(x[i]);
+}
+
 // Floats of the `work` buffer specd_decode_step needs for T new tokens and `threads`
 // threads at `past` cached positions.
 int64_t specd_decode_step_work(int64_t H, int64_t I, int64_t Hq, int64_t KV, int64_t D, int64_t T,
@@ -994,7 +1022,9 @@ int64_t specd_decode_step_work(int64_t H, int64_t I, int64_t Hq, int64_t KV, int
 // layers: L * PER_LAYER weight pointers (see the enum), formats: the Format of each (a norm's
 // or a bias's is F32); caches: L * 4 values, the key and
 // value buffers of the layer ([KV, capacity, D], rows of D contiguous) and the distance
-// between their heads, in floats. x: the new tokens' embeddings [T, H]; cos, sin: [T, D]
+// between their heads, in values; kv_half: whether those values are IEEE halves (else
+// float32). A half cache holds each new key and value rounded to the nearest half (ties to
+// even), and every new token attends to those rounded values, its own among them. x: the new tokens' embeddings [T, H]; cos, sin: [T, D]
 // at their positions; past: positions already cached (the new tokens' keys and values go
 // to positions past .. past + T - 1); tree: [T, T] bytes, nonzero where new token i sees
 // new token j, or null for a chain. norm: the final norm's weight; lm [V, H] stored as
@@ -1003,7 +1033,7 @@ int64_t specd_decode_step_work(int64_t H, int64_t I, int64_t Hq, int64_t KV, int
 // specd_decode_step_work floats. Sizes H, I, D multiples of 16 (of 32 where a product's
 // input runs along blocks, of 256 along a K-quant's); Hq a multiple of KV; 1 <= T <= MAX_T.
 void specd_decode_step(const void* const* layers, const int32_t* formats, int64_t L,
-                       const int64_t* caches, int64_t H, int64_t I, int64_t Hq, int64_t KV,
+                       const int64_t* caches, int32_t kv_half, int64_t H, int64_t I, int64_t Hq, int64_t KV,
                        int64_t D, float eps, float scale, const float* x, const float* cos,
                        const float* sin, int64_t T, int64_t past, const uint8_t* tree,
                        const float* norm, const void* lm, int32_t lm_format, const float* lm_b,
@@ -1035,8 +1065,8 @@ void specd_decode_step(const void* const* layers, const int32_t* formats, int64_
             const int32_t* f = formats + layer * PER_LAYER;
             auto vec = [&](int i) { return (const float*)w[i]; };  // a norm or a bias
             auto mat = [&](int i) { return Weight{w[i], f[i]}; };
-            float* kc = (float*)caches[layer * 4];
-            float* vc = (float*)caches[layer * 4 + 1];
+            void* const kc = (void*)caches[layer * 4];
+            void* const vc = (void*)caches[layer * 4 + 1];
             const int64_t kh = caches[layer * 4 + 2], vh = caches[layer * 4 + 3];
             for (int64_t i = 0; i < T; i++) rmsnorm(h + i * H, vec(LN1), H, eps, xn + i * H);
             // q, k and v as one run of QKV rows, shared out
@@ -1057,43 +1087,63 @@ void specd_decode_step(const void* const* layers, const int32_t* formats, int64_
                 rotary(row + QD, cos + i * D, sin + i * D, KV, D, kn + i * KD);
                 memcpy(vn + i * KD, row + QD + KD, KD * sizeof(float));
             }
+            if (kv_half)  // what the cache will hold, for every new token to attend to
+                for (int64_t e = 0; e < T * KD; e++) {
+                    kn[e] = half_to_float(float_to_half(kn[e]));
+                    vn[e] = half_to_float(float_to_half(vn[e]));
+                }
             if (t == 0)
                 for (int64_t g = 0; g < KV; g++)
                     for (int64_t i = 0; i < T; i++) {
-                        memcpy(kc + g * kh + (past + i) * D, kn + i * KD + g * D, D * sizeof(float));
-                        memcpy(vc + g * vh + (past + i) * D, vn + i * KD + g * D, D * sizeof(float));
+                        const float *kr = kn + i * KD + g * D, *vr = vn + i * KD + g * D;
+                        const int64_t at_k = g * kh + (past + i) * D, at_v = g * vh + (past + i) * D;
+                        if (kv_half) {
+                            for (int64_t d = 0; d < D; d++) {
+                                ((uint16_t*)kc)[at_k + d] = float_to_half(kr[d]);
+                                ((uint16_t*)vc)[at_v + d] = float_to_half(vr[d]);
+                            }
+                        } else {
+                            memcpy((float*)kc + at_k, kr, D * sizeof(float));
+                            memcpy((float*)vc + at_v, vr, D * sizeof(float));
+                        }
                     }
             // positions [0, past + T) in chunks (ATTN_CHUNK); the new ones read from kn, vn,
-            // never the cache (thread 0 may be writing them)
-            for (int64_t item = 0; item < KV * chunks; item++) {
-                if (!mine(item, chunks, past + T, KV, t, nt)) continue;
-                const int64_t g = item / chunks, c = item % chunks;
-                const int64_t j0 = c * ATTN_CHUNK, j1 = j0 + ATTN_CHUNK < past + T ? j0 + ATTN_CHUNK : past + T;
-                float* chunk = part + c * T * Hq * (D + 2);
-                const Group grp{q, QD, g, rep, T, past, D, kc + g * kh, vc + g * vh,
-                                kn + g * D, vn + g * D, KD, tree, scale};
-                if (tree == nullptr || j1 <= past) {
-                    attend_group(grp, Hq, j0, j1, s, chunk);
-                    continue;
+            // never the cache (thread 0 may be writing them), the cached ones as stored (KVT:
+            // float or uint16_t)
+            auto attend = [&](auto stored) {
+                using KVT = decltype(stored);
+                for (int64_t item = 0; item < KV * chunks; item++) {
+                    if (!mine(item, chunks, past + T, KV, t, nt)) continue;
+                    const int64_t g = item / chunks, c = item % chunks;
+                    const int64_t j0 = c * ATTN_CHUNK, j1 = j0 + ATTN_CHUNK < past + T ? j0 + ATTN_CHUNK : past + T;
+                    float* chunk = part + c * T * Hq * (D + 2);
+                    const Group<KVT> grp{q, QD, g, rep, T, past, D, (const KVT*)kc + g * kh, (const KVT*)vc + g * vh,
+                                         kn + g * D, vn + g * D, KD, tree, scale};
+                    if (tree == nullptr || j1 <= past) {
+                        attend_group(grp, Hq, j0, j1, s, chunk);
+                        continue;
+                    }
+                    // a tree's new positions: each node over its path as the chain of one-token
+                    // steps that decodes it would see them (its ancestors at the positions
+                    // after the cache, in order), so a node's values do not depend on its
+                    // siblings and cousins
+                    for (int64_t i = 0; i < T; i++) {
+                        int64_t order[MAX_T], reach = 0;
+                        for (int64_t n = 0; n < T; n++)
+                            if (tree[i * T + n]) order[reach++] = n;
+                        Group<KVT> node = grp;
+                        node.q = q + i * QD;
+                        node.T = 1;
+                        node.tree = nullptr;
+                        node.order = order;
+                        node.reach = reach;
+                        const int64_t end = past + reach < j1 ? past + reach : j1;
+                        attend_group(node, Hq, j0, end > j0 ? end : j0, s, chunk + i * Hq * (D + 2));
+                    }
                 }
-                // a tree's new positions: each node over its path as the chain of one-token
-                // steps that decodes it would see them (its ancestors at the positions
-                // after the cache, in order), so a node's values do not depend on its
-                // siblings and cousins
-                for (int64_t i = 0; i < T; i++) {
-                    int64_t order[MAX_T], reach = 0;
-                    for (int64_t n = 0; n < T; n++)
-                        if (tree[i * T + n]) order[reach++] = n;
-                    Group node = grp;
-                    node.q = q + i * QD;
-                    node.T = 1;
-                    node.tree = nullptr;
-                    node.order = order;
-                    node.reach = reach;
-                    const int64_t end = past + reach < j1 ? past + reach : j1;
-                    attend_group(node, Hq, j0, end > j0 ? end : j0, s, chunk + i * Hq * (D + 2));
-                }
-            }
+            };
+            if (kv_half) attend(uint16_t{});
+            else attend(float{});
 #pragma omp barrier
             // every thread merges the chunks' parts, in order, into its own copy of the outputs
             for (int64_t ih = 0; ih < T * Hq; ih++) {

@@ -97,10 +97,6 @@ inline V16 u8x16_dot(const U8x16& u, const Q8x32& x, int32_t xsum) {
 #endif
     return {_mm512_cvtepi32_ps(_mm512_sub_epi32(s, _mm512_set1_epi32(128 * xsum)))};
 }
-// 16 halves at p as floats.
-inline V16 vload_halves(const uint8_t* p) {
-    return {_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p))};
-}
 // a's 16 lanes rounded to the nearest integer (ties to even) and stored as int8 (within
 // +-127 by the caller's scale).
 inline void vstore_i8(int8_t* p, V16 a) {
@@ -198,10 +194,6 @@ inline void u8x16_dots(const uint8_t* p, const int8_t* const* xs, const int32_t*
         for (int i = 0; i < NT; i++) (h ? out[i].hi : out[i].lo) = _mm256_cvtepi32_ps(s[i]);
     }
 }
-inline V16 vload_halves(const uint8_t* p) {
-    return {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)),
-            _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 16)))};
-}
 inline void vstore_i8(int8_t* p, V16 a) {
     // packs work within 128-bit lanes: words 0-3, 8-11, 4-7, 12-15, put back in order
     const __m256i w = _mm256_packs_epi32(_mm256_cvtps_epi32(a.lo), _mm256_cvtps_epi32(a.hi));
@@ -267,11 +259,6 @@ inline V16 u8x16_dot(const U8x16& u, const Q8x32& x, int32_t xsum) {
     }
     return {{vcvtq_f32_s32(s[0]), vcvtq_f32_s32(s[1]), vcvtq_f32_s32(s[2]), vcvtq_f32_s32(s[3])}};
 }
-inline V16 vload_halves(const uint8_t* p) {
-    V16 r;
-    for (int i = 0; i < 4; i++) r.q[i] = vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16((const uint16_t*)p + 4 * i)));
-    return r;
-}
 inline void vstore_i8(int8_t* p, V16 a) {
     const int16x8_t lo = vcombine_s16(vqmovn_s32(vcvtnq_s32_f32(a.q[0])), vqmovn_s32(vcvtnq_s32_f32(a.q[1])));
     const int16x8_t hi = vcombine_s16(vqmovn_s32(vcvtnq_s32_f32(a.q[2])), vqmovn_s32(vcvtnq_s32_f32(a.q[3])));
@@ -318,15 +305,6 @@ inline V16 u8x16_dot(const U8x16& u, const Q8x32& x, int32_t xsum) {
     }
     return r;
 }
-inline V16 vload_halves(const uint8_t* p) {
-    V16 r;
-    for (int i = 0; i < 16; i++) {
-        uint16_t h;
-        memcpy(&h, p + 2 * i, 2);
-        r.f[i] = half_to_float(h);
-    }
-    return r;
-}
 inline void vstore_i8(int8_t* p, V16 a) {
     for (int i = 0; i < 16; i++) {
         const float v = nearbyintf(a.f[i]);  // the default rounding: ties to even
@@ -335,6 +313,9 @@ inline void vstore_i8(int8_t* p, V16 a) {
 }
 
 #endif
+
+// 16 halves at p (a woven block's scales) as floats.
+inline V16 vload_halves(const uint8_t* p) { return vload_kv((const uint16_t*)p); }
 
 #if !defined(SPECD_QDOT_BATCHED)
 // out[i]: the block at p times token i's 32 activations xs[i] (the block unpacked once).

@@ -6,6 +6,7 @@
 // kernel reads (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16) against its run over
 // their float32 values (equal bit for bit); and the attention kernel
 // (attention.cpp) at shapes that cross its blocks of 64 queries and keys, chains and trees.
+// The step's checks run over caches of float32 and again over caches of IEEE halves.
 //
 // Built together with the kernels (scripts/check_kernels.sh ISA), run natively or under an
 // emulator. Prints the largest error of each part relative to the largest magnitude of the
@@ -28,7 +29,7 @@ int64_t specd_decode_step_max_tokens();
 int64_t specd_decode_step_work(int64_t H, int64_t I, int64_t Hq, int64_t KV, int64_t D, int64_t T,
                                int64_t past, int threads);
 void specd_decode_step(const void* const* layers, const int32_t* formats, int64_t L,
-                       const int64_t* caches, int64_t H, int64_t I, int64_t Hq, int64_t KV,
+                       const int64_t* caches, int32_t kv_half, int64_t H, int64_t I, int64_t Hq, int64_t KV,
                        int64_t D, float eps, float scale, const float* x, const float* cos,
                        const float* sin, int64_t T, int64_t past, const uint8_t* tree,
                        const float* norm, const void* lm, int32_t lm_format, const float* lm_b,
@@ -37,6 +38,7 @@ void specd_product(const void* weight, int32_t format, int64_t N, int64_t K, con
                    int64_t T, const float* b, float* y, int threads);
 void specd_dequantize(const void* weight, int32_t format, int64_t rows, int64_t K, float* out,
                       int threads);
+void specd_halves(const float* x, int64_t n, uint16_t* out);
 int specd_attention_head_dim();
 void specd_attention(const float* q, int64_t q_h, int64_t q_t, const float* k, int64_t k_h,
                      int64_t k_s, const float* v, int64_t v_h, int64_t v_s, float* out,
@@ -168,12 +170,75 @@ Model make_model(int64_t L, int64_t H, int64_t I, int64_t Hq, int64_t KV, int64_
 
 const float* ptr(const Vec& v) { return v.empty() ? nullptr : v.data(); }
 
-// The step's cache table for keys kc and values vc, [L][KV][cap][D] each.
+// The caches the checks give the step: float32 (0), or IEEE halves (1).
+int32_t kv_half = 0;
+
+// v rounded to the nearest IEEE half (ties to even), by arithmetic in double: its quantum
+// (2^-24 below 2^-14, else 2^(e - 10) for v in [2^e, 2^(e+1))) times the nearest integer.
+double half_round(double v) {
+    if (v != v || v == INFINITY || v == -INFINITY) return v;
+    const double a = fabs(v);
+    const int e = a < 0x1p-14 ? -14 : (int)floor(log2(a));
+    const double quantum = ldexp(1.0, e - 10), r = nearbyint(a / quantum) * quantum;
+    return copysign(r >= 65520.0 ? INFINITY : r, v);
+}
+// The bits of a half value (one half_round gave).
+uint16_t half_bits(double h) {
+    const uint16_t sign = signbit(h) ? 0x8000 : 0;
+    const double a = fabs(h);
+    if (a != a) return 0x7E00;
+    if (a == INFINITY) return sign | 0x7C00;
+    if (a < 0x1p-14) return sign | (uint16_t)(a * 0x1p24);  // subnormal: a multiple of 2^-24
+    const int e = (int)floor(log2(a));
+    return sign | (uint16_t)((e + 15) << 10) | (uint16_t)(a * ldexp(1.0, 10 - e) - 1024.0);
+}
+// The library's rounding to halves against half_round: edge cases (ties to even among normal
+// and subnormal halves, the largest half and the first value past it, zeros, infinities)
+// and floats of every magnitude a half holds. The count of values rounded otherwise.
+int64_t check_halves() {
+    Vec x = {0.0f, -0.0f, 1.0f, 1.0f + 0x1p-11f, 1.0f + 3 * 0x1p-11f, -(1.0f + 0x1p-11f), 65504.0f, 65519.996f,
+             65520.0f, -65520.0f, 1e9f, INFINITY, -INFINITY, 0x1p-14f, 0x1p-24f, 0x1p-25f, 3 * 0x1p-25f, 0x1p-26f,
+             1e-8f, -3e-6f, 0x1p-14f - 0x1p-25f, 0x1p-14f - 0x1p-26f, 2047.0f + 0.5f, 2048.0f + 1.0f, 1e-30f};
+    std::uniform_real_distribution<float> mag(-27.0f, 17.0f);
+    for (int i = 0; i < 200000; i++) x.push_back((i % 2 ? -1.0f : 1.0f) * exp2f(mag(rng)));
+    std::vector<uint16_t> got(x.size());
+    specd_halves(x.data(), (int64_t)x.size(), got.data());
+    int64_t wrong = 0;
+    for (size_t i = 0; i < x.size(); i++) {
+        const uint16_t want = half_bits(half_round(x[i]));
+        if (got[i] != want && wrong++ < 3) printf("half of %a: %04x, expected %04x\n", x[i], got[i], want);
+    }
+    return wrong;
+}
+// A cache holding `values` as the step stores them: the floats, or each one's nearest half
+// (their bits in the first half of the buffer's bytes).
+Vec cache_of(const Vec& values) {
+    if (!kv_half) return values;
+    Vec c(values.size(), 0.0f);
+    uint16_t* h = (uint16_t*)c.data();
+    for (size_t i = 0; i < values.size(); i++) h[i] = half_bits(half_round(values[i]));
+    return c;
+}
+// The first n values a cache holds, as floats.
+Vec cached_values(const Vec& c, size_t n) {
+    if (!kv_half) return Vec(c.begin(), c.begin() + n);
+    Vec v(n);
+    const uint16_t* h = (const uint16_t*)c.data();
+    for (size_t i = 0; i < n; i++) {
+        const int e = (h[i] >> 10) & 31, frac = h[i] & 1023;
+        const double a = e == 31 ? (frac ? NAN : INFINITY) : e == 0 ? ldexp(frac, -24) : ldexp(1024 + frac, e - 25);
+        v[i] = (float)((h[i] & 0x8000) ? -a : a);
+    }
+    return v;
+}
+
+// The step's cache table for keys kc and values vc, [L][KV][cap][D] each (floats or halves).
 std::vector<int64_t> cache_table(const Model& m, Vec& kc, Vec& vc, int64_t cap) {
     std::vector<int64_t> caches;
+    const int64_t size = kv_half ? 2 : 4;
     for (int64_t l = 0; l < m.L; l++) {
-        caches.push_back((int64_t)(kc.data() + l * m.KV * cap * m.D));
-        caches.push_back((int64_t)(vc.data() + l * m.KV * cap * m.D));
+        caches.push_back((int64_t)((char*)kc.data() + l * m.KV * cap * m.D * size));
+        caches.push_back((int64_t)((char*)vc.data() + l * m.KV * cap * m.D * size));
         caches.push_back(cap * m.D);
         caches.push_back(cap * m.D);
     }
@@ -203,8 +268,8 @@ void reference_step(const Model& m, const Vec& x, const Vec& cos, const Vec& sin
             for (int64_t g2 = 0; g2 < m.KV; g2++) {
                 rotary(&k[g2 * D], &cos[i * D], &sin[i * D], D);
                 for (int64_t d = 0; d < D; d++) {
-                    lk[(g2 * cap + past + i) * D + d] = (float)k[g2 * D + d];
-                    lv[(g2 * cap + past + i) * D + d] = (float)v[g2 * D + d];
+                    lk[(g2 * cap + past + i) * D + d] = (float)(kv_half ? half_round(k[g2 * D + d]) : k[g2 * D + d]);
+                    lv[(g2 * cap + past + i) * D + d] = (float)(kv_half ? half_round(v[g2 * D + d]) : v[g2 * D + d]);
                 }
             }
         }
@@ -264,12 +329,13 @@ double check_step(const Model& m, int* passes) {
                         cos[i * D + d] = (float)::cos((past + depth[i]) * f);
                         sin[i * D + d] = (float)::sin((past + depth[i]) * f);
                     }
-                Vec kc = k0, vc = v0, rk = k0, rv = v0;
+                Vec kc = cache_of(k0), vc = cache_of(v0), rk = cached_values(kc, k0.size()),
+                    rv = cached_values(vc, v0.size());
                 const std::vector<int64_t> caches = cache_table(m, kc, vc, cap);
                 const int threads = 1 + (int)((T + past) % 3);
                 Vec work(specd_decode_step_work(H, m.I, m.Hq, m.KV, D, T, past, threads));
                 Vec logits(T * m.V), hidden(T * H);
-                specd_decode_step(table.data(), formats.data(), m.L, caches.data(), H, m.I, m.Hq,
+                specd_decode_step(table.data(), formats.data(), m.L, caches.data(), kv_half, H, m.I, m.Hq,
                                   m.KV, D, eps, scale, x.data(), cos.data(), sin.data(), T, past,
                                   tp, m.norm.data(), m.lm.data(), 0, ptr(m.lm_b), m.V,
                                   logits.data(), hidden.data(), work.data(), threads);
@@ -279,8 +345,8 @@ double check_step(const Model& m, int* passes) {
                 const double errs[] = {
                     rel_err(logits.data(), want_logits.data(), logits.size()),
                     rel_err(hidden.data(), want_hidden.data(), hidden.size()),
-                    rel_err(kc.data(), want_k.data(), kc.size()),
-                    rel_err(vc.data(), want_v.data(), vc.size()),
+                    rel_err(cached_values(kc, k0.size()).data(), want_k.data(), k0.size()),
+                    rel_err(cached_values(vc, v0.size()).data(), want_v.data(), v0.size()),
                 };
                 for (double e : errs) worst = e > worst || e != e ? e : worst;
                 (*passes)++;
@@ -308,7 +374,7 @@ int64_t check_consistent(const Model& m, int* passes) {
             for (int threads : {2, 3}) {
                 const Vec k0 = randn(m.L * m.KV * cap * D, 1.0f), v0 = randn(m.L * m.KV * cap * D, 1.0f);
                 const Vec x = randn(T * H, 1.0f), cos = randn(T * D, 0.5f), sin = randn(T * D, 0.5f);
-                Vec kc[2] = {k0, k0}, vc[2] = {v0, v0}, logits[2], hidden[2];
+                Vec kc[2] = {cache_of(k0), cache_of(k0)}, vc[2] = {cache_of(v0), cache_of(v0)}, logits[2], hidden[2];
                 for (int way = 0; way < 2; way++) {  // the pass, then the steps
                     logits[way].assign(T * m.V, 0.0f);
                     hidden[way].assign(T * H, 0.0f);
@@ -316,7 +382,7 @@ int64_t check_consistent(const Model& m, int* passes) {
                     const int64_t step = way == 0 ? T : 1;
                     for (int64_t i = 0; i < T; i += step) {
                         Vec work(specd_decode_step_work(H, m.I, m.Hq, m.KV, D, step, past + i, threads));
-                        specd_decode_step(table.data(), formats.data(), m.L, caches.data(), H, m.I,
+                        specd_decode_step(table.data(), formats.data(), m.L, caches.data(), kv_half, H, m.I,
                                           m.Hq, m.KV, D, eps, scale, x.data() + i * H, cos.data() + i * D,
                                           sin.data() + i * D, step, past + i, nullptr, m.norm.data(),
                                           m.lm.data(), 0, ptr(m.lm_b), m.V, logits[way].data() + i * m.V,
@@ -330,21 +396,21 @@ int64_t check_consistent(const Model& m, int* passes) {
                 // a tree of T nodes against, for each node, the one-token steps along its path
                 std::vector<int64_t> depth;
                 const std::vector<uint8_t> tree = random_tree(T, &depth);
-                Vec tk = k0, tv = v0, tl(T * m.V), th(T * H);
+                Vec tk = cache_of(k0), tv = cache_of(v0), tl(T * m.V), th(T * H);
                 const std::vector<int64_t> tc = cache_table(m, tk, tv, cap);
                 Vec work(specd_decode_step_work(H, m.I, m.Hq, m.KV, D, T, past, threads));
-                specd_decode_step(table.data(), formats.data(), m.L, tc.data(), H, m.I, m.Hq, m.KV,
+                specd_decode_step(table.data(), formats.data(), m.L, tc.data(), kv_half, H, m.I, m.Hq, m.KV,
                                   D, eps, scale, x.data(), cos.data(), sin.data(), T, past, tree.data(),
                                   m.norm.data(), m.lm.data(), 0, ptr(m.lm_b), m.V, tl.data(), th.data(),
                                   work.data(), threads);
                 for (int64_t i = 0; i < T; i++) {
-                    Vec pk = k0, pv = v0, pl(m.V), ph(H);
+                    Vec pk = cache_of(k0), pv = cache_of(v0), pl(m.V), ph(H);
                     const std::vector<int64_t> pc = cache_table(m, pk, pv, cap);
                     int64_t at = past;
                     for (int64_t n = 0; n <= i; n++) {  // its ancestors and itself, in order
                         if (!tree[i * T + n]) continue;
                         Vec w1(specd_decode_step_work(H, m.I, m.Hq, m.KV, D, 1, at, threads));
-                        specd_decode_step(table.data(), formats.data(), m.L, pc.data(), H, m.I, m.Hq,
+                        specd_decode_step(table.data(), formats.data(), m.L, pc.data(), kv_half, H, m.I, m.Hq,
                                           m.KV, D, eps, scale, x.data() + n * H, cos.data() + n * D,
                                           sin.data() + n * D, 1, at, nullptr, m.norm.data(), m.lm.data(),
                                           0, ptr(m.lm_b), m.V, pl.data(), ph.data(), w1.data(), threads);
@@ -518,7 +584,7 @@ int64_t check_blocks(const Model& base, int f, int* passes) {
                 Vec work(specd_decode_step_work(H, m.I, m.Hq, m.KV, D, T, past, threads));
                 Vec logits(T * m.V), hidden(T * H);
                 specd_decode_step(run == 0 ? table.data() : plain.data(),
-                                  run == 0 ? formats.data() : f32.data(), m.L, caches.data(), H,
+                                  run == 0 ? formats.data() : f32.data(), m.L, caches.data(), kv_half, H,
                                   m.I, m.Hq, m.KV, D, 1e-5f, 0.125f, x.data(), cos.data(),
                                   sin.data(), T, past, nullptr, m.norm.data(),
                                   run == 0 ? lm : (const void*)m.lm.data(), run == 0 ? f : F32,
@@ -659,6 +725,19 @@ int main(int argc, char** argv) {
     double step = check_step(wide, &passes);
     const double step_narrow = check_step(narrow, &passes);
     step = step_narrow > step || step_narrow != step_narrow ? step_narrow : step;
+    // over caches of halves: the reference rounds each new key and value from double, the
+    // kernel from float32, so one may land on the next half where the two straddle a midpoint
+    // (2^-11 of the value at most)
+    const int64_t rounded_otherwise = check_halves();
+    kv_half = 1;
+    int half_passes = 0;
+    const double half_tolerance = tolerance > 1e-3 ? tolerance : 1e-3;
+    double half_step = check_step(wide, &half_passes);
+    const double half_narrow = check_step(narrow, &half_passes);
+    half_step = half_narrow > half_step || half_narrow != half_narrow ? half_narrow : half_step;
+    int half_same = 0;
+    const int64_t half_unlike = check_consistent(wide, &half_same) + check_consistent(narrow, &half_same);
+    kv_half = 0;
     const struct {
         int64_t T, past, Hq, KV;
         bool tree;
@@ -691,15 +770,19 @@ int main(int argc, char** argv) {
             woven = e > woven || e != e ? e : woven;
         }
     const bool ok = step <= tolerance && attention <= tolerance && differ == 0 && woven <= tolerance && unlike == 0 &&
-                    woven_unlike == 0;
+                    woven_unlike == 0 && half_step <= half_tolerance && half_unlike == 0 &&
+                    rounded_otherwise == 0;
     printf("specd kernels, %s: step %.2e over %d passes, attention %.2e over %d shapes "
            "(largest error relative to the largest value; tolerance %.0e); weights as Q4_0, "
            "Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K and BF16 blocks against their float32 "
            "values: %lld values differ over %d passes; woven Q4_1 and Q8_0 rows' int8 products %.2e over "
            "%d (%lld values differ from each token's alone); passes against one-token steps: %lld values "
+           "differ over %d; floats rounded to halves otherwise than to the nearest: %lld; over caches of "
+           "halves: step %.2e over %d passes (tolerance %.0e), passes against one-token steps: %lld values "
            "differ over %d: %s\n",
            specd_kernel_isa(), step, passes, attention, (int)(sizeof(shapes) / sizeof(shapes[0])),
            tolerance, (long long)differ, block_passes, woven, woven_passes, (long long)woven_unlike, (long long)unlike,
-           same_passes, ok ? "ok" : "FAILED");
+           same_passes, (long long)rounded_otherwise, half_step, half_passes, half_tolerance, (long long)half_unlike, half_same,
+           ok ? "ok" : "FAILED");
     return ok ? 0 : 1;
 }

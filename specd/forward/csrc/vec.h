@@ -64,6 +64,35 @@ inline float half_to_float(uint16_t h) {
     return half_from_bits(h);
 #endif
 }
+// The IEEE half nearest f (ties to even; beyond the largest half, infinity), from the bits.
+inline uint16_t half_bits_of(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    const uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+    x &= 0x7FFFFFFFu;
+    if (x > 0x7F800000u) return sign | 0x7E00u;  // NaN
+    if (x >= 0x477FF000u) return sign | 0x7C00u;  // 65520 and up round to infinity
+    if (x < 0x38800000u) {  // below 2^-14: a subnormal half, f * 2^24 (exact) to an integer
+        float a;
+        memcpy(&a, &x, 4);
+        return sign | (uint16_t)nearbyintf(a * 16777216.0f);  // 1024 is the least normal's bits
+    }
+    // 13 mantissa bits dropped, rounding to nearest, ties to even; a carry moves the exponent
+    return sign | (uint16_t)((x + 0xFFFu + ((x >> 13) & 1u) - 0x38000000u) >> 13);
+}
+// f as a half: one instruction where the CPU converts them.
+inline uint16_t float_to_half(float f) {
+#if defined(__F16C__)
+    return (uint16_t)_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
+#elif defined(__aarch64__)
+    const __fp16 h = (__fp16)f;
+    uint16_t bits;
+    memcpy(&bits, &h, 2);
+    return bits;
+#else
+    return half_bits_of(f);
+#endif
+}
 
 #if defined(SPECD_ISA_AVX512) || defined(SPECD_ISA_AVX2)
 // What both x86-64 builds share, in 128-bit registers.
@@ -101,6 +130,7 @@ struct V16 {
 inline V16 vzero() { return {_mm512_setzero_ps()}; }
 inline V16 vset1(float x) { return {_mm512_set1_ps(x)}; }
 inline V16 vload(const float* p) { return {_mm512_loadu_ps(p)}; }
+inline V16 vload_kv(const uint16_t* p) { return {_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p))}; }
 inline void vstore(float* p, V16 a) { _mm512_storeu_ps(p, a.v); }
 inline V16 vadd(V16 a, V16 b) { return {_mm512_add_ps(a.v, b.v)}; }
 inline V16 vsub(V16 a, V16 b) { return {_mm512_sub_ps(a.v, b.v)}; }
@@ -255,6 +285,9 @@ struct V16 {
 inline V16 vzero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
 inline V16 vset1(float x) { return {_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
 inline V16 vload(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+inline V16 vload_kv(const uint16_t* p) {  // 16 halves
+    return {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 8)))};
+}
 inline void vstore(float* p, V16 a) {
     _mm256_storeu_ps(p, a.lo);
     _mm256_storeu_ps(p + 8, a.hi);
@@ -356,13 +389,15 @@ constexpr int SCORE_PAIRS = 3;
 // positions on a Zen 3, one new token 1.2-1.35x faster, eight 1.1-1.15x (one thread, the
 // keys and values in memory; runs of scripts/attention_step_bench.cpp alternating).
 constexpr bool PREFETCH_VALUES = true;
-template <int NP>
-inline void dots64x4(const float* const* q, const float* const* k, float scale, float* out) {
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)); }
+template <int NP, class KV>
+inline void dots64x4(const float* const* q, const KV* const* k, float scale, float* out) {
     __m256 acc[4 * NP];
     for (int i = 0; i < 4 * NP; i++) acc[i] = _mm256_setzero_ps();
     for (int c = 0; c < 64; c += 8) {
         __m256 kv[4];
-        for (int y = 0; y < 4; y++) kv[y] = _mm256_loadu_ps(k[y] + c);
+        for (int y = 0; y < 4; y++) kv[y] = load8(k[y] + c);
         for (int x = 0; x < NP; x++)
             for (int y = 0; y < 4; y++) acc[4 * x + y] = _mm256_fmadd_ps(_mm256_loadu_ps(q[x] + c), kv[y], acc[4 * x + y]);
     }
@@ -446,6 +481,9 @@ inline V16 vset1(float x) { return {{vdupq_n_f32(x), vdupq_n_f32(x), vdupq_n_f32
 inline V16 vload(const float* p) {
     return {{vld1q_f32(p), vld1q_f32(p + 4), vld1q_f32(p + 8), vld1q_f32(p + 12)}};
 }
+inline float32x4_t load4(const float* p) { return vld1q_f32(p); }
+inline float32x4_t load4(const uint16_t* p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))); }
+inline V16 vload_kv(const uint16_t* p) { return {{load4(p), load4(p + 4), load4(p + 8), load4(p + 12)}}; }
 inline void vstore(float* p, V16 a) {
     for (int i = 0; i < 4; i++) vst1q_f32(p + 4 * i, a.q[i]);
 }
@@ -528,13 +566,13 @@ inline V16 vsum16(const V16* v) {
 constexpr int SCORE_PAIRS = 4;
 #define SPECD_DOTS64 1
 constexpr bool PREFETCH_VALUES = false;  // not timed on ARM64 hardware
-template <int NP>
-inline void dots64x4(const float* const* q, const float* const* k, float scale, float* out) {
+template <int NP, class KV>
+inline void dots64x4(const float* const* q, const KV* const* k, float scale, float* out) {
     float32x4_t acc[4 * NP];
     for (int i = 0; i < 4 * NP; i++) acc[i] = vdupq_n_f32(0.0f);
     for (int c = 0; c < 64; c += 4) {
         float32x4_t kv[4];
-        for (int y = 0; y < 4; y++) kv[y] = vld1q_f32(k[y] + c);
+        for (int y = 0; y < 4; y++) kv[y] = load4(k[y] + c);
         for (int x = 0; x < NP; x++) {
             const float32x4_t qv = vld1q_f32(q[x] + c);
             for (int y = 0; y < 4; y++) acc[4 * x + y] = vfmaq_f32(acc[4 * x + y], qv, kv[y]);
@@ -623,6 +661,11 @@ struct V16 {
 inline V16 vzero() { SPECD_LANES(0.0f); }
 inline V16 vset1(float x) { SPECD_LANES(x); }
 inline V16 vload(const float* p) { SPECD_LANES(p[i]); }
+inline V16 vload_kv(const uint16_t* p) {
+    uint16_t h[16];
+    memcpy(h, p, sizeof(h));
+    SPECD_LANES(half_to_float(h[i]));
+}
 inline void vstore(float* p, V16 a) { memcpy(p, a.f, sizeof(a.f)); }
 inline V16 vadd(V16 a, V16 b) { SPECD_LANES(a.f[i] + b.f[i]); }
 inline V16 vsub(V16 a, V16 b) { SPECD_LANES(a.f[i] - b.f[i]); }
@@ -715,19 +758,22 @@ inline uint64_t nonzero_bits(const uint8_t* p, int64_t n) {
 
 #endif
 
+// A cached key or value row's 16 values from a float32 cache (or, above, a float16 one).
+inline V16 vload_kv(const float* p) { return vload(p); }
+
 #if !defined(SPECD_DOTS64)
 constexpr bool PREFETCH_VALUES = false;
 // Attention scores by NP queries of 64 floats (NP <= SCORE_PAIRS) and four keys at a time:
 // out[4 x + y] = scale * q[x] . k[y], sixteen V16 sums in registers, summed across their lanes
 // together (vsum16: each sum in the same order, whatever NP; out holds 16 floats).
 constexpr int SCORE_PAIRS = 4;
-template <int NP>
-inline void dots64x4(const float* const* q, const float* const* k, float scale, float* out) {
+template <int NP, class KV>
+inline void dots64x4(const float* const* q, const KV* const* k, float scale, float* out) {
     V16 acc[16];
     for (int x = 0; x < 16; x++) acc[x] = vzero();
     for (int c = 0; c < 64; c += 16) {
         V16 kv[4];
-        for (int y = 0; y < 4; y++) kv[y] = vload(k[y] + c);
+        for (int y = 0; y < 4; y++) kv[y] = vload_kv(k[y] + c);
         for (int x = 0; x < NP; x++) {
             const V16 qv = vload(q[x] + c);
             for (int y = 0; y < 4; y++) acc[x * 4 + y] = vfma(qv, kv[y], acc[x * 4 + y]);
