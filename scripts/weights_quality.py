@@ -13,7 +13,7 @@ the float32 de-quantized copy over a float32 cache):
 
 A choice with ``:float`` after it (``native:float``) is loaded with the step's int8 products
 off (``SPECD_INT8_PRODUCTS=off``): its blocks decoded to floats. One with ``@float16`` or
-``@float32`` after it stores its KV cache so (``--kv-dtype``; else ``auto``).
+``@float32`` after it stores its KV cache so (``--kv-dtype``); else as the reference does.
 
 Held-out text: windows of the Python standard library's own files, which no weight or head
 of specd was fitted to. Run it alone on the machine:
@@ -85,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = {args.reference: _quality(ref_logits, ref_logits, texts, ref_out, ref_out)}
     del ref
     for choice in choices:
+        if "@" not in choice:  # the weights compared, the cache held as the reference's
+            choice += "@" + (args.reference.partition("@")[2] or "auto")
         engine = _load(choice)
         got = [logits_of(engine.target, ids) for ids in texts]
         out = [engine.generate(p, params, drafter="none").token_ids for p in prompts]
