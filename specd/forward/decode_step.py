@@ -27,7 +27,8 @@ Weight = torch.Tensor | BlockWeight
 
 class DecodeStep:
     """A decode or verify pass (1-:data:`~specd.cpu_kernels.STEP_TOKENS` new tokens over a float32
-    or float16 KV cache) of a Llama-style decoder, the whole of it in one call (``specd/csrc/decode_step.cpp``).
+    or float16 KV cache) of a Llama-style decoder, the whole of it in one call
+    (``specd/csrc/decode_step.cpp``).
 
     :param layers: each layer's weights in :data:`LAYER_WEIGHTS` order, as ``[out, in]``
         matrices (float32 or blocks) and float32 vectors.
@@ -183,7 +184,8 @@ class DecodeStep:
         hidden = torch.empty(t, self.hidden, dtype=torch.float32)
         step(
             self._table.data_ptr(), self._formats.data_ptr(), self.layers, table.data_ptr(),
-            int(self._kv_half), *sizes, self.eps, self.scale, x.data_ptr(), cos.data_ptr(), sin.data_ptr(), t, past,
+            int(self._kv_half), *sizes, self.eps, self.scale, x.data_ptr(), cos.data_ptr(),
+            sin.data_ptr(), t, past,
             tree.data_ptr() if tree is not None else None,
             self._norm, self._lm, self._lm_format, self._lm_b or None, self.vocab,
             logits.data_ptr(), hidden.data_ptr(), work.data_ptr(), threads,

@@ -15,7 +15,8 @@ de-quantizes as it multiplies). Norms and biases always stay float32 tensors.
 
 Blocks compute in float32 and only on the lean forward (the CPU, a Llama-style model).
 ``--kv-dtype auto|float16|float32`` says how the KV cache stores keys and values
-(:func:`choose_kv_dtype`). Nothing here imports torch until a model loads, so the command line's help stays fast.
+(:func:`choose_kv_dtype`). Nothing here imports torch until a model loads, so the command
+line's help stays fast.
 """
 
 from __future__ import annotations

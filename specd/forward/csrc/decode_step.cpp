@@ -1020,12 +1020,12 @@ int64_t specd_decode_step_work(int64_t H, int64_t I, int64_t Hq, int64_t KV, int
 }
 
 // layers: L * PER_LAYER weight pointers (see the enum), formats: the Format of each (a norm's
-// or a bias's is F32); caches: L * 4 values, the key and
-// value buffers of the layer ([KV, capacity, D], rows of D contiguous) and the distance
-// between their heads, in values; kv_half: whether those values are IEEE halves (else
-// float32). A half cache holds each new key and value rounded to the nearest half (ties to
-// even), and every new token attends to those rounded values, its own among them. x: the new tokens' embeddings [T, H]; cos, sin: [T, D]
-// at their positions; past: positions already cached (the new tokens' keys and values go
+// or a bias's is F32); caches: L * 4 values, the key and value buffers of the layer ([KV,
+// capacity, D], rows of D contiguous) and the distance between their heads, in values;
+// kv_half: whether those values are IEEE halves (else float32). A half cache holds each new
+// key and value rounded to the nearest half (ties to even), and every new token attends to
+// those rounded values, its own among them. x: the new tokens' embeddings [T, H]; cos, sin:
+// [T, D] at their positions; past: positions already cached (the new tokens' keys and values go
 // to positions past .. past + T - 1); tree: [T, T] bytes, nonzero where new token i sees
 // new token j, or null for a chain. norm: the final norm's weight; lm [V, H] stored as
 // lm_format, lm_b [V] or null. Writes logits [T, V] (unless logits is null) and hidden
