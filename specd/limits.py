@@ -209,13 +209,15 @@ def request_memory(target: Target, tokens: int, verify_rows: int) -> RequestMemo
     completion) takes beyond the weights, from the model's shape
     (:meth:`specd.Engine.request_memory` gives ``verify_rows`` for its engine).
 
-    - KV cache: keys and values per layer and position; the buffers grow by doubling from
-      the prompt's length and a prefill chunk, so up to twice that.
+    - KV cache: keys and values per layer and position, in the cache's dtype
+      (``target.kv_dtype``); the buffers grow by doubling from the prompt's length and a
+      prefill chunk, so up to twice that.
     - Activations of the largest pass: a prefill's first pass over up to
       :data:`~specd.forward.passes.FIRST_CHUNK` tokens, or a later chunk of
       :data:`~specd.forward.passes.PREFILL_CHUNK` over all the keys: its hidden states and MLP,
       its additive mask (one row per query head of a group) and the attention scores,
-      were they computed whole in float32.
+      were they computed whole in float32; over a cache narrower than the model's dtype, one
+      layer's keys and values converted for the pass too.
     - Logits of a verify pass over ``verify_rows`` tokens (the prompt tokens a first step
       feeds, the pending token, the draft), in the model's dtype and warped to float32.
     """
@@ -228,14 +230,16 @@ def request_memory(target: Target, tokens: int, verify_rows: int) -> RequestMemo
     head_dim = int(getattr(cfg, "head_dim", None) or hidden // heads)
     inner = int(getattr(cfg, "intermediate_size", None) or 4 * hidden)
     item = target.dtype.itemsize
+    kv_item = getattr(target, "kv_dtype", target.dtype).itemsize
 
-    kv = 2 * target.num_layers * kv_heads * head_dim * item * 2 * (tokens + PREFILL_CHUNK)
+    kv = 2 * target.num_layers * kv_heads * head_dim * kv_item * 2 * (tokens + PREFILL_CHUNK)
 
     def one_pass(rows: int, keys: int) -> int:
         states = rows * (4 * hidden + 3 * inner) * item
         mask = rows * keys * item * (heads // kv_heads)
         scores = heads * rows * keys * 4
-        return states + mask + scores
+        converted = 2 * kv_heads * head_dim * item * keys if kv_item < item else 0
+        return states + mask + scores + converted
 
     first = min(tokens, FIRST_CHUNK)
     activations = max(one_pass(first, first), one_pass(min(tokens, PREFILL_CHUNK), tokens))

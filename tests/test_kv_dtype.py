@@ -91,3 +91,17 @@ def test_a_float16_cache_returns_what_it_holds_in_the_callers_dtype():
     keys, _ = cache.layer(0).update(more, more)  # grows, still halves
     assert cache.layer(0).keys.dtype == torch.float16 and keys.shape[2] == 5
     assert torch.equal(keys[:, :, 3:], more.half().float())
+
+
+def test_the_memory_estimate_counts_the_cache_as_stored():
+    from specd.limits import request_memory
+
+    target = _target()
+    full = request_memory(target, 1000, 8)
+    target.kv_dtype = torch.float16
+    half = request_memory(target, 1000, 8)
+    assert 2 * half.kv_cache == full.kv_cache
+    assert half.activations > full.activations  # one layer's keys and values converted back
+    cache = target.new_cache()
+    target.prefill(cache, [1] * 1000)
+    assert 0 < cache.nbytes() <= half.kv_cache
