@@ -6,7 +6,8 @@
 // kernel reads (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16) against its run over
 // their float32 values (equal bit for bit); and the attention kernel
 // (attention.cpp) at shapes that cross its blocks of 64 queries and keys, chains and trees.
-// The step's checks run over caches of float32 and again over caches of IEEE halves.
+// The step's checks run over caches of float32, and again at fewer shapes over caches of IEEE
+// halves.
 //
 // Built together with the kernels (scripts/check_kernels.sh ISA), run natively or under an
 // emulator. Prints the largest error of each part relative to the largest magnitude of the
@@ -200,7 +201,7 @@ int64_t check_halves() {
              65520.0f, -65520.0f, 1e9f, INFINITY, -INFINITY, 0x1p-14f, 0x1p-24f, 0x1p-25f, 3 * 0x1p-25f, 0x1p-26f,
              1e-8f, -3e-6f, 0x1p-14f - 0x1p-25f, 0x1p-14f - 0x1p-26f, 2047.0f + 0.5f, 2048.0f + 1.0f, 1e-30f};
     std::uniform_real_distribution<float> mag(-27.0f, 17.0f);
-    for (int i = 0; i < 200000; i++) x.push_back((i % 2 ? -1.0f : 1.0f) * exp2f(mag(rng)));
+    for (int i = 0; i < 100000; i++) x.push_back((i % 2 ? -1.0f : 1.0f) * exp2f(mag(rng)));
     std::vector<uint16_t> got(x.size());
     specd_halves(x.data(), (int64_t)x.size(), got.data());
     int64_t wrong = 0;
@@ -314,6 +315,9 @@ double check_step(const Model& m, int* passes) {
         // a cache of `past` random positions, the same for the kernel and the reference
         const Vec k0 = randn(m.L * m.KV * cap * D, 1.0f), v0 = randn(m.L * m.KV * cap * D, 1.0f);
         for (int64_t T = 1; T <= specd_decode_step_max_tokens(); T++) {
+            // over halves, what differs from floats (the cache's reads and writes) at a few
+            // shapes: the emulated ARM64 build's run stays under a minute
+            if (kv_half && (past % 5 != 0 || past == 0 || (T != 1 && T != 3 && T != 8 && T != 16))) continue;
             for (int shape = 0; shape < 2; shape++) {  // a chain, a tree
                 std::vector<int64_t> depth(T);
                 std::vector<uint8_t> tree;
@@ -372,6 +376,7 @@ int64_t check_consistent(const Model& m, int* passes) {
     for (int64_t past : {0, 9, 121, 250})
         for (int64_t T : {2, 5, 16})
             for (int threads : {2, 3}) {
+                if (kv_half && (past % 2 == 0 || T * threads == 15)) continue;  // fewer over halves
                 const Vec k0 = randn(m.L * m.KV * cap * D, 1.0f), v0 = randn(m.L * m.KV * cap * D, 1.0f);
                 const Vec x = randn(T * H, 1.0f), cos = randn(T * D, 0.5f), sin = randn(T * D, 0.5f);
                 Vec kc[2] = {cache_of(k0), cache_of(k0)}, vc[2] = {cache_of(v0), cache_of(v0)}, logits[2], hidden[2];
