@@ -185,6 +185,46 @@ def test_a_long_prompt_feeds_only_the_window(head_file):
     torch.testing.assert_close(drafter._outs[-1], want)
 
 
+def test_draft_entries_attend_to_the_window_their_ancestors_and_themselves(head_file):
+    """Bug guarded: a draft entry that attends to true entries older than the window (or
+    misses some inside it, or its ancestors) once the sequence outgrows the window: the
+    head then drafts from a context it was not trained on. Checked against the head's layer
+    over every cached entry with a mask that shows exactly those."""
+    window = 4
+    e = engine(head_file, window=window, topk=2, width=2)
+    e.generate([3, 1, 4, 1, 5, 9, 2, 6, 5, 3], SamplingParams(max_tokens=10), drafter="eagle")
+    drafter = e.plugins.drafter("eagle")
+    assert isinstance(drafter, EagleDrafter) and drafter._head is not None
+    head, true = drafter._head, drafter._len
+    assert len(drafter._pos) == true > window + 2  # the window no longer covers them
+    pending = drafter._pos[-1] + 1
+    with torch.inference_mode():
+        # the root computed alone (a request that stops where a batch skipped it): the
+        # window's entries before it, and itself
+        drafter._outs[-1] = None
+        root = drafter._root()
+        p, entry = drafter._pos[-1], drafter._ins[-1][None, None]
+        x = head.entries(entry, drafter._embed[torch.tensor([drafter._tokens[p + 1]])][None])
+        q, _, _ = head.keys_values(x, torch.tensor([p]))
+        seen = torch.zeros(1, true, dtype=torch.bool)
+        seen[:, true - 1 - window :] = True
+        keys, values = drafter._kbuf[:, :, :true], drafter._vbuf[:, :, :true]
+        torch.testing.assert_close(root, head.finish(x, q, keys, values, seen)[0, 0])
+        feat = root[None]
+        tokens = torch.tensor([7, 8])
+        drafter._entries(feat, tokens[:1], [pending], [[]])  # a child of the root
+        got = drafter._entries(feat, tokens[1:], [pending + 1], [[true]])  # its child
+        keys, values = drafter._kbuf[:, :, : true + 2], drafter._vbuf[:, :, : true + 2]
+        x = head.entries(feat[None], drafter._embed[tokens[1:]][None])
+        q, _, _ = head.keys_values(x, torch.tensor([pending + 1]))
+        seen = torch.zeros(1, true + 2, dtype=torch.bool)
+        seen[:, true - window : true] = True  # the window's true entries
+        seen[:, true : true + 2] = True  # its parent and itself
+        want = head.finish(x, q, keys, values, seen)[0]
+        drafter._crop(true)
+    torch.testing.assert_close(got, want)
+
+
 def _ctx(prompt: list[int], params: SamplingParams) -> DraftContext:
     cache, hidden = TARGET.new_cache(), []
     TARGET.prefill(cache, prompt[:-1], None, hidden)

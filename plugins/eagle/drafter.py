@@ -93,8 +93,11 @@ class EagleDrafter(Drafter):
     # -- state ----------------------------------------------------------------------------
 
     def _reset(self) -> None:
-        self._k: torch.Tensor | None = None  # [1, kv, S, D] keys of the head's entries
-        self._v: torch.Tensor | None = None
+        # [1, kv, capacity, D] keys and values of the head's entries, the first _len held:
+        # appended in place, so an entry costs its own row, not a copy of the whole cache
+        self._kbuf: torch.Tensor | None = None
+        self._vbuf: torch.Tensor | None = None
+        self._len = 0
         self._pos: list[int] = []  # position of each true entry (ascending)
         # [H] the head's output for each true entry (None: not computed, see _root)
         self._outs: list[torch.Tensor | None] = []
@@ -134,9 +137,24 @@ class EagleDrafter(Drafter):
 
     def _crop(self, entries: int) -> None:
         """Keep the first ``entries`` cache entries (true ones, or true plus draft ones)."""
-        if self._k is not None:
-            self._k = self._k[:, :, :entries]
-            self._v = self._v[:, :, :entries]  # type: ignore[index]
+        self._len = min(self._len, entries)
+
+    def _append(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Append entries' keys and values ``[1, kv, T, D]`` to the cache; its buffers grow
+        by doubling (the entries of one sequence: at most the model's context, and a draft)."""
+        need = self._len + k.shape[2]
+        if self._kbuf is None or need > self._kbuf.shape[2]:
+            cap = max(need, 64, 2 * (0 if self._kbuf is None else self._kbuf.shape[2]))
+            kb = k.new_empty(k.shape[0], k.shape[1], cap, k.shape[3])
+            vb = v.new_empty(v.shape[0], v.shape[1], cap, v.shape[3])
+            if self._kbuf is not None and self._vbuf is not None and self._len:
+                kb[:, :, : self._len] = self._kbuf[:, :, : self._len]
+                vb[:, :, : self._len] = self._vbuf[:, :, : self._len]
+            self._kbuf, self._vbuf = kb, vb
+        assert self._vbuf is not None
+        self._kbuf[:, :, self._len : need] = k
+        self._vbuf[:, :, self._len : need] = v
+        self._len = need
 
     def _take_features(self, ctx: DraftContext) -> None:
         """Queue ``ctx.hidden``: the features of the tokens just before the first one the
@@ -243,24 +261,24 @@ class EagleDrafter(Drafter):
         x = head.entries(feat[None], self._embed[tokens][None])  # [1, T, H]
         pos = torch.tensor(positions, device=x.device)
         q, k, v = head.keys_values(x, pos)
-        true = len(self._pos)
-        old = 0 if self._k is None else self._k.shape[2]
-        self._k = k if self._k is None else torch.cat([self._k, k], 2)
-        self._v = v if self._v is None else torch.cat([self._v, v], 2)
-        t, s = k.shape[2], self._k.shape[2]
-        lo = max(0, true - self.window)  # the oldest true entry still attended to
+        true, old = len(self._pos), self._len
+        self._append(k, v)
+        t, s = k.shape[2], self._len
+        # the oldest true entry still attended to: the ones before it are left out of the
+        # attention (columns of the mask count from it)
+        lo = min(max(0, true - self.window), old)
         if ancestors is None:
-            mask = torch.ones(t, s, dtype=torch.bool, device=x.device).tril_(s - t)
+            mask = torch.ones(t, s - lo, dtype=torch.bool, device=x.device).tril_(s - lo - t)
         else:
-            mask = torch.zeros(t, s, dtype=torch.bool, device=x.device)
-            mask[:, :true] = True
+            mask = torch.zeros(t, s - lo, dtype=torch.bool, device=x.device)
+            mask[:, : true - lo] = True
             for row, seen in enumerate(ancestors):
-                mask[row, seen] = True
-                mask[row, old + row] = True
-        mask[:, : min(lo, old)] = False
+                mask[row, [i - lo for i in seen]] = True  # draft entries: past the true ones
+                mask[row, old + row - lo] = True
         if last_only:
             x, q, mask = x[:, -1:], q[:, :, -1:], mask[-1:]
-        return head.finish(x, q, self._k, self._v, mask)[0]
+        assert self._kbuf is not None and self._vbuf is not None
+        return head.finish(x, q, self._kbuf[:, :, lo:s], self._vbuf[:, :, lo:s], mask)[0]
 
     def _root(self) -> torch.Tensor:
         """The newest true entry's output ``[H]``, computed now if its batch skipped it (a
@@ -268,14 +286,14 @@ class EagleDrafter(Drafter):
         out = self._outs[-1]
         if out is None:
             head = self._head
-            assert head is not None and self._k is not None and self._v is not None
+            assert head is not None and self._kbuf is not None and self._vbuf is not None
             n, p = len(self._pos), self._pos[-1]
             tok = torch.tensor([self._tokens[p + 1]], device=self._ins[-1].device)
             x = head.entries(self._ins[-1][None, None], self._embed[tok][None])
             q, _, _ = head.keys_values(x, torch.tensor([p], device=x.device))
-            mask = torch.ones(1, n, dtype=torch.bool, device=x.device)
-            mask[:, : max(0, n - 1 - self.window)] = False
-            out = head.finish(x, q, self._k[:, :, :n], self._v[:, :, :n], mask)[0, 0]
+            lo = max(0, n - 1 - self.window)  # the entries it attends to: the window's
+            mask = torch.ones(1, n - lo, dtype=torch.bool, device=x.device)
+            out = head.finish(x, q, self._kbuf[:, :, lo:n], self._vbuf[:, :, lo:n], mask)[0, 0]
             self._outs[-1] = out
         return out
 
@@ -330,7 +348,7 @@ class EagleDrafter(Drafter):
 
     def _expand(self, frontier: list[int], nodes: list[_Node], pending: int) -> torch.Tensor:
         """One head call for the frontier nodes' entries. :returns: their outputs ``[F, H]``."""
-        base = 0 if self._k is None else self._k.shape[2]
+        base = self._len
         seen = []
         for i in frontier:
             anc, p = [], nodes[i].parent
