@@ -3,6 +3,7 @@ policy is handed the prices (specd/forward/pricing.py, ``Target.price_passes``).
 
 from __future__ import annotations
 
+import logging
 import time
 
 import pytest
@@ -173,6 +174,7 @@ def test_a_table_is_kept_for_the_next_start_on_this_machine(monkeypatch, tmp_pat
     monkeypatch.setenv("SPECD_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("SPECD_REPRICE", raising=False)
     monkeypatch.delenv("SPECD_PRICE_CACHE", raising=False)
+    monkeypatch.setattr(pricing, "QUIET_SHARE", 0.0)  # kept however busy this machine is
     calls = []
     real = pricing.measure
     monkeypatch.setattr(pricing, "measure", lambda *a, **k: calls.append(1) or real(*a, **k))
@@ -198,6 +200,38 @@ def test_a_table_is_kept_for_the_next_start_on_this_machine(monkeypatch, tmp_pat
     tiny_target(40, num_layers=1, seed=2).price_passes()
     assert len(calls) == 6
     assert sorted(f.read_text() for f in (tmp_path / "prices").iterdir()) == saved
+
+
+def test_measure_reports_the_share_of_the_cpu_its_passes_had():
+    """Passes that wait (here: sleep) rather than compute leave the process a small share of
+    its threads' time, as passes do whose threads wait to be scheduled on a busy host."""
+    costs = measure(lambda cache, tokens: time.sleep(0.002), _Cache(), vocab=10, rounds=2)
+    assert costs.cpu_share is not None and 0.0 <= costs.cpu_share < 0.3
+
+
+def test_a_table_priced_while_the_cpu_was_shared_is_not_kept(monkeypatch, tmp_path, caplog):
+    """Bug guarded: passes priced while another process shared the cores (each pass waiting
+    for its threads to be scheduled, so that a pass of 2 tokens priced like a step) were kept
+    for a week, and every start on the quiet host drafted deeper than paid. Such a table
+    serves the process that measured it; the next start measures again and keeps its own."""
+    monkeypatch.setenv("SPECD_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("SPECD_REPRICE", raising=False)
+    monkeypatch.delenv("SPECD_PRICE_CACHE", raising=False)
+    real, shares = pricing.measure, iter([0.5, 0.99])
+
+    def measured(*args, **kwargs):
+        costs = real(*args, **kwargs)
+        return PassCosts(costs.prices, costs.backend, next(shares))
+
+    monkeypatch.setattr(pricing, "measure", measured)
+    with caplog.at_level(logging.INFO, logger="specd.forward.pricing"):
+        busy = tiny_target(40, num_layers=1, seed=2).price_passes()
+    assert busy.cpu_share == 0.5 and "shared the CPU (50% of" in caplog.text
+    assert not (tmp_path / "prices").exists() or not list((tmp_path / "prices").iterdir())
+    quiet = tiny_target(40, num_layers=1, seed=2).price_passes()  # the next start
+    assert quiet.cpu_share == 0.99 and len(list((tmp_path / "prices").iterdir())) == 1
+    again = tiny_target(40, num_layers=1, seed=2).price_passes()  # read back, not measured
+    assert again.cpu_share is None and again.prices == quiet.prices
 
 
 def test_the_draft_clock_measures_calls_in_steps():

@@ -9,7 +9,11 @@ with the backend that serves the passes, on a scratch cache (:func:`measure`), a
 the cache directory for the next start on this machine (:func:`saved`, :func:`save`): a
 table is a second or two of timing that a one-token command should not pay each time.
 ``SPECD_REPRICE=1`` measures again (and keeps the new table); ``SPECD_PRICE_CACHE=off`` neither
-reads nor keeps one; a table older than :data:`KEEP_S` is measured again.
+reads nor keeps one; a table older than :data:`KEEP_S` is measured again. A table measured while
+other work shared the cores (:data:`QUIET_SHARE`) serves the process that measured it and is
+not kept: each pass then waits for its threads to be scheduled, which moves the prices of
+narrow and wide passes by more than they differ (on a 2-core host beside one or two busy
+processes, a pass of 2 tokens priced at 1.00, 1.09, 1.13 and 1.63 steps; 1.13-1.33 quiet).
 """
 
 from __future__ import annotations
@@ -46,6 +50,10 @@ PRICE_SEED = 64
 ROUNDS = 7
 #: How long a saved table is used before it is measured again (a week).
 KEEP_S = 7 * 24 * 3600
+#: The least share of its threads' time the process had while its passes were priced
+#: (CPU time over wall time times threads) for the table to be kept: 0.99-1.00 on a quiet
+#: host, 0.49-0.64 with one or two other busy processes on two cores.
+QUIET_SHARE = 0.85
 
 
 class PassCosts:
@@ -55,10 +63,14 @@ class PassCosts:
 
     :param prices: pass tokens -> relative time; must price the one-token step (``1``).
     :param backend: the step backend that ran the priced passes ("" where none did).
+    :param cpu_share: the share of its threads' time the process had while measuring
+        (:func:`measure`; None: not measured on the CPU, or read back).
     :raises BadInputError: a table without ``1``, a width below 1, a price not positive.
     """
 
-    def __init__(self, prices: Mapping[int, float], backend: str = "") -> None:
+    def __init__(
+        self, prices: Mapping[int, float], backend: str = "", cpu_share: float | None = None
+    ) -> None:
         if 1 not in prices:
             raise BadInputError(f"pass costs must price the one-token pass (1), got {prices}")
         for n, cost in prices.items():
@@ -69,6 +81,7 @@ class PassCosts:
                 )
         self.prices = {int(n): float(prices[n]) for n in sorted(prices)}
         self.backend = backend
+        self.cpu_share = cpu_share
 
     def __call__(self, n: int) -> float:
         if n < 1:
@@ -109,13 +122,16 @@ def measure(
     median over rounds of its pass over the same round's one-token pass: passes timed
     moments apart share the machine's load (on a shared host the load moves more than a
     pass's cost between rounds), and a pass disturbed in one round moves one ratio, not
-    the median. A wider pass priced below a narrower one is noise and gets its price.
+    the median. A wider pass priced below a narrower one is noise and gets its price. The
+    table carries the share of its threads' time the process had meanwhile (``cpu_share``,
+    on the CPU).
 
     :param widths: must hold 1.
     """
     if 1 not in widths or rounds < 1:
         raise BadInputError(f"pricing needs the one-token pass and a round, got {widths}, {rounds}")
     past = cache.length
+    wall0, cpu0 = time.perf_counter(), time.process_time()
     gen = torch.Generator().manual_seed(0)
     ratios: dict[int, list[float]] = {n: [] for n in widths}
     sync = torch.cuda.synchronize if torch.device(cache.device).type == "cuda" else _no_sync
@@ -132,11 +148,31 @@ def measure(
         if r:  # the first round warms up
             for n in widths:
                 ratios[n].append(took[n] / took[1])
+    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    on_cpu = torch.device(cache.device).type == "cpu" and wall > 0
+    share = cpu / (wall * torch.get_num_threads()) if on_cpu else None
     prices, floor = {}, 0.0
     for n in sorted(widths):
         floor = max(floor, statistics.median(ratios[n]))
         prices[n] = floor
-    return PassCosts(prices, backend)
+    return PassCosts(prices, backend, share)
+
+
+def keep_measured(key: dict, costs: PassCosts) -> bool:
+    """Keep ``costs``, just measured, under ``key`` for the next start (:func:`save`) unless
+    other work shared the cores meanwhile (``cpu_share`` under :data:`QUIET_SHARE`); log
+    which. :returns: whether it was kept."""
+    share = costs.cpu_share
+    if share is not None and share < QUIET_SHARE:
+        log.info(
+            "verify passes priced while other work shared the CPU (%.0f%% of %d threads' "
+            "time): %s, used by this process and not kept; the next start prices them again",
+            100 * share, torch.get_num_threads(), costs,
+        )  # fmt: skip
+        return False
+    save(key, costs)
+    log.info("verify passes priced: %s", costs)
+    return True
 
 
 def _no_sync() -> None:
