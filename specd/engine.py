@@ -15,6 +15,7 @@ stop strings, text).
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 import time
 from collections.abc import Callable, Generator, Sequence
@@ -25,6 +26,7 @@ import torch
 from .api import DraftContext
 from .draft import Draft, Step, Verdict
 from .errors import BadInputError
+from .forward import pricing
 from .forward.target import Target
 from .generation import Completion, Delta, Emitter, Generation
 from .healing import Constraint, Guide, TokenBytes, heal
@@ -45,6 +47,8 @@ from .speculation import (
     check_names,
 )
 from .stats import Stats
+
+log = logging.getLogger(__name__)
 
 
 class Engine(Prompts):
@@ -269,6 +273,7 @@ class Engine(Prompts):
         guide = None if req.constraint is None else Guide(req.constraint, self.token_bytes, vocab)
         fed = list(req.prompt[cache.length :])  # the pending token, and what was left
         held = cache.length  # the cache holds ctx.tokens[:held]
+        verify_cpu = 0.0  # CPU seconds of the passes (stats.verify_s: their wall seconds)
         try:
             spec.start(ctx)
             while not out.finish:
@@ -278,9 +283,10 @@ class Engine(Prompts):
                 t_step = time.perf_counter()
                 # draft: leave room for the verifier's own token (correction or bonus)
                 draft = spec.draft(ctx, room=out.room - 1)
-                t_drafted = time.perf_counter()
+                t_drafted, cpu_drafted = time.perf_counter(), time.process_time()
                 step = self.verify(cache, fed, draft, spec, req.params, ctx.generator, guide)
                 t_verified = time.perf_counter()
+                verify_cpu += time.process_time() - cpu_drafted
                 stats.draft_s += t_drafted - t_step
                 stats.verify_s += t_verified - t_drafted
                 clock.record(
@@ -304,10 +310,26 @@ class Engine(Prompts):
             spec.finish(ctx)
             # every committed token but the pending one (dropped if a step failed halfway)
             self.prefix_cache.release(cache, ctx.tokens[:held])
+        self._price_again_if_quiet(verify_cpu, stats.verify_s)
         stats.total_s = time.perf_counter() - t_start
         if stats.new_tokens and not stats.ttft_s:
             stats.ttft_s = stats.total_s
         return Completion(text=out.text.text, token_ids=out.token_ids, stats=stats)
+
+    def _price_again_if_quiet(self, cpu_s: float, wall_s: float) -> None:
+        """Where the passes were priced while other work shared the cores (a table kept by
+        no one, :func:`.pricing.keep_measured`) and this request's passes had their threads'
+        time (``cpu_s`` of ``wall_s``, :data:`.pricing.QUIET_CHECK_S` at least), the next
+        request prices them again: a daemon started on a busy host is priced for the quiet
+        one as soon as it is quiet."""
+        costs = self.target.pass_costs
+        if costs is None or costs.reprice or wall_s < pricing.QUIET_CHECK_S:
+            return
+        if not pricing.busy(costs):
+            return
+        if pricing.share(cpu_s, wall_s) >= pricing.QUIET_SHARE:
+            log.info("the host is quiet now: verify passes are priced again at the next request")
+            costs.reprice = True
 
     def verify(
         self,

@@ -234,6 +234,39 @@ def test_a_table_priced_while_the_cpu_was_shared_is_not_kept(monkeypatch, tmp_pa
     assert again.cpu_share is None and again.prices == quiet.prices
 
 
+def test_a_busy_hosts_table_is_priced_again_once_a_request_finds_the_host_quiet(
+    monkeypatch, tmp_path
+):
+    """Bug guarded: a daemon started while the host was busy (an editor opening, its other
+    language servers indexing) drafted by that host's prices for its whole life. A request
+    whose passes had their threads' time marks the table; the next request prices the
+    passes again and keeps that table. Requests on a still busy host leave it."""
+    monkeypatch.setenv("SPECD_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("SPECD_REPRICE", raising=False)
+    monkeypatch.delenv("SPECD_PRICE_CACHE", raising=False)
+    monkeypatch.setattr(pricing, "QUIET_CHECK_S", 0.0)
+    target = tiny_target(40, num_layers=1, seed=2)
+    busy = PassCosts({1: 1.0, 2: 1.0, 4: 1.0, 8: 1.0}, backend="eager", cpu_share=0.5)
+    target.pass_costs = busy
+    calls: list[int] = []
+    real = pricing.measure
+    monkeypatch.setattr(pricing, "measure", lambda *a, **k: calls.append(1) or real(*a, **k))
+    engine, params = Engine(target, drafter="ngram"), SamplingParams(max_tokens=8)
+    monkeypatch.setattr(pricing, "share", lambda cpu_s, wall_s: 0.4)  # still busy
+    for _ in range(2):
+        engine.generate("ABCABC ABCABC", params)
+    assert not calls and target.pass_costs is busy and not busy.reprice
+    monkeypatch.setattr(pricing, "share", lambda cpu_s, wall_s: 1.0)  # quiet now
+    engine.generate("ABCABC ABCABC", params)
+    assert not calls and busy.reprice
+    engine.generate("ABCABC ABCABC", params)  # priced again, and kept
+    assert calls == [1] and target.pass_costs is not busy
+    assert target.pass_costs.cpu_share == 1.0 and not target.pass_costs.reprice
+    assert len(list((tmp_path / "prices").iterdir())) == 1
+    engine.generate("ABCABC ABCABC", params)
+    assert calls == [1]  # a quiet host's table is not measured again
+
+
 def test_the_draft_clock_measures_calls_in_steps():
     """Guards against a draft cost in seconds (against prices in steps), and against one
     that does not grow with the draft it is asked for."""

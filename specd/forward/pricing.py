@@ -10,10 +10,11 @@ the cache directory for the next start on this machine (:func:`saved`, :func:`sa
 table is a second or two of timing that a one-token command should not pay each time.
 ``SPECD_REPRICE=1`` measures again (and keeps the new table); ``SPECD_PRICE_CACHE=off`` neither
 reads nor keeps one; a table older than :data:`KEEP_S` is measured again. A table measured while
-other work shared the cores (:data:`QUIET_SHARE`) serves the process that measured it and is
-not kept: each pass then waits for its threads to be scheduled, which moves the prices of
-narrow and wide passes by more than they differ (on a 2-core host beside one or two busy
-processes, a pass of 2 tokens priced at 1.00, 1.09, 1.13 and 1.63 steps; 1.13-1.33 quiet).
+other work shared the cores (:data:`QUIET_SHARE`) is not kept, and serves the process that
+measured it until a request's passes find the host quiet (``Engine``): each pass then waits
+for its threads to be scheduled, which moves the prices of narrow and wide passes by more
+than they differ (on a 2-core host beside one or two busy processes, a pass of 2 tokens
+priced at 1.00, 1.09, 1.13, 1.54 and 1.63 steps; 1.13-1.33 quiet).
 """
 
 from __future__ import annotations
@@ -52,8 +53,10 @@ ROUNDS = 7
 KEEP_S = 7 * 24 * 3600
 #: The least share of its threads' time the process had while its passes were priced
 #: (CPU time over wall time times threads) for the table to be kept: 0.99-1.00 on a quiet
-#: host, 0.49-0.64 with one or two other busy processes on two cores.
+#: host, 0.49-0.69 with one or two other busy processes on two cores.
 QUIET_SHARE = 0.85
+#: The least wall seconds of a request's passes that tell whether the host is quiet now.
+QUIET_CHECK_S = 0.1
 
 
 class PassCosts:
@@ -82,6 +85,9 @@ class PassCosts:
         self.prices = {int(n): float(prices[n]) for n in sorted(prices)}
         self.backend = backend
         self.cpu_share = cpu_share
+        #: price the passes again at the next request (a table measured on a busy host, once
+        #: the host is quiet: ``Engine``)
+        self.reprice = False
 
     def __call__(self, n: int) -> float:
         if n < 1:
@@ -149,25 +155,34 @@ def measure(
             for n in widths:
                 ratios[n].append(took[n] / took[1])
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
-    on_cpu = torch.device(cache.device).type == "cpu" and wall > 0
-    share = cpu / (wall * torch.get_num_threads()) if on_cpu else None
+    cpu_share = share(cpu, wall) if torch.device(cache.device).type == "cpu" else None
     prices, floor = {}, 0.0
     for n in sorted(widths):
         floor = max(floor, statistics.median(ratios[n]))
         prices[n] = floor
-    return PassCosts(prices, backend, share)
+    return PassCosts(prices, backend, cpu_share)
+
+
+def share(cpu_s: float, wall_s: float) -> float:
+    """The share of its threads' time the process had over ``wall_s`` seconds in which it
+    spent ``cpu_s`` seconds of CPU time (0 over no time)."""
+    return cpu_s / (wall_s * torch.get_num_threads()) if wall_s > 0 else 0.0
+
+
+def busy(costs: PassCosts) -> bool:
+    """Whether ``costs`` were measured while other work shared the cores."""
+    return costs.cpu_share is not None and costs.cpu_share < QUIET_SHARE
 
 
 def keep_measured(key: dict, costs: PassCosts) -> bool:
     """Keep ``costs``, just measured, under ``key`` for the next start (:func:`save`) unless
-    other work shared the cores meanwhile (``cpu_share`` under :data:`QUIET_SHARE`); log
-    which. :returns: whether it was kept."""
-    share = costs.cpu_share
-    if share is not None and share < QUIET_SHARE:
+    other work shared the cores meanwhile (:func:`busy`); log which. :returns: whether it
+    was kept."""
+    if busy(costs):
         log.info(
             "verify passes priced while other work shared the CPU (%.0f%% of %d threads' "
-            "time): %s, used by this process and not kept; the next start prices them again",
-            100 * share, torch.get_num_threads(), costs,
+            "time): %s, used until the host is quiet and not kept",
+            100 * (costs.cpu_share or 0.0), torch.get_num_threads(), costs,
         )  # fmt: skip
         return False
     save(key, costs)

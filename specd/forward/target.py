@@ -209,11 +209,15 @@ class Target:
     def price_passes(self) -> PassCosts:
         """Price passes of :data:`pricing.PRICE_TOKENS` tokens with the step that serves them
         (the compiled one once ready, else eager) on a scratch cache, once per serving step:
-        after a background compile is ready or the step turns itself off, the next call
-        prices them again."""
+        after a background compile is ready or the step turns itself off, or where a busy
+        host's table was marked (``PassCosts.reprice``), the next call prices them again."""
         step = self.compiled
         serving = step.backend if step is not None and step.ready else "eager"
-        if self.pass_costs is not None and self.pass_costs.backend == serving:
+        if (
+            self.pass_costs is not None
+            and self.pass_costs.backend == serving
+            and not self.pass_costs.reprice
+        ):
             return self.pass_costs
         key = pricing.key(self, serving)
         costs = pricing.saved(key)
