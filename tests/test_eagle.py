@@ -195,7 +195,7 @@ def test_draft_entries_attend_to_the_window_their_ancestors_and_themselves(head_
     e.generate([3, 1, 4, 1, 5, 9, 2, 6, 5, 3], SamplingParams(max_tokens=10), drafter="eagle")
     drafter = e.plugins.drafter("eagle")
     assert isinstance(drafter, EagleDrafter) and drafter._head is not None
-    head, true = drafter._head, drafter._len
+    head, true = drafter._head, drafter._cache.length
     assert len(drafter._pos) == true > window + 2  # the window no longer covers them
     pending = drafter._pos[-1] + 1
     with torch.inference_mode():
@@ -208,13 +208,14 @@ def test_draft_entries_attend_to_the_window_their_ancestors_and_themselves(head_
         q, _, _ = head.keys_values(x, torch.tensor([p]))
         seen = torch.zeros(1, true, dtype=torch.bool)
         seen[:, true - 1 - window :] = True
-        keys, values = drafter._kbuf[:, :, :true], drafter._vbuf[:, :, :true]
+        layer = drafter._cache.layer(0)
+        keys, values = layer.keys[:, :, :true], layer.values[:, :, :true]
         torch.testing.assert_close(root, head.finish(x, q, keys, values, seen)[0, 0])
         feat = root[None]
         tokens = torch.tensor([7, 8])
         drafter._entries(feat, tokens[:1], [pending], [[]])  # a child of the root
         got = drafter._entries(feat, tokens[1:], [pending + 1], [[true]])  # its child
-        keys, values = drafter._kbuf[:, :, : true + 2], drafter._vbuf[:, :, : true + 2]
+        keys, values = layer.keys[:, :, : true + 2], layer.values[:, :, : true + 2]
         x = head.entries(feat[None], drafter._embed[tokens[1:]][None])
         q, _, _ = head.keys_values(x, torch.tensor([pending + 1]))
         seen = torch.zeros(1, true + 2, dtype=torch.bool)

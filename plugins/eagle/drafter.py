@@ -32,6 +32,7 @@ from specd import (
     DraftContext,
     Drafter,
     DrafterUnavailable,
+    KVCache,
     Target,
     sample,
     warp,
@@ -93,11 +94,8 @@ class EagleDrafter(Drafter):
     # -- state ----------------------------------------------------------------------------
 
     def _reset(self) -> None:
-        # [1, kv, capacity, D] keys and values of the head's entries, the first _len held:
-        # appended in place, so an entry costs its own row, not a copy of the whole cache
-        self._kbuf: torch.Tensor | None = None
-        self._vbuf: torch.Tensor | None = None
-        self._len = 0
+        # the keys and values of the head's entries, one layer appended in place
+        self._cache = KVCache(1, capacity=64)
         self._pos: list[int] = []  # position of each true entry (ascending)
         # [H] the head's output for each true entry (None: not computed, see _root)
         self._outs: list[torch.Tensor | None] = []
@@ -137,24 +135,7 @@ class EagleDrafter(Drafter):
 
     def _crop(self, entries: int) -> None:
         """Keep the first ``entries`` cache entries (true ones, or true plus draft ones)."""
-        self._len = min(self._len, entries)
-
-    def _append(self, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Append entries' keys and values ``[1, kv, T, D]`` to the cache; its buffers grow
-        by doubling (the entries of one sequence: at most the model's context, and a draft)."""
-        need = self._len + k.shape[2]
-        if self._kbuf is None or need > self._kbuf.shape[2]:
-            cap = max(need, 64, 2 * (0 if self._kbuf is None else self._kbuf.shape[2]))
-            kb = k.new_empty(k.shape[0], k.shape[1], cap, k.shape[3])
-            vb = v.new_empty(v.shape[0], v.shape[1], cap, v.shape[3])
-            if self._kbuf is not None and self._vbuf is not None and self._len:
-                kb[:, :, : self._len] = self._kbuf[:, :, : self._len]
-                vb[:, :, : self._len] = self._vbuf[:, :, : self._len]
-            self._kbuf, self._vbuf = kb, vb
-        assert self._vbuf is not None
-        self._kbuf[:, :, self._len : need] = k
-        self._vbuf[:, :, self._len : need] = v
-        self._len = need
+        self._cache.crop(entries)
 
     def _take_features(self, ctx: DraftContext) -> None:
         """Queue ``ctx.hidden``: the features of the tokens just before the first one the
@@ -261,9 +242,9 @@ class EagleDrafter(Drafter):
         x = head.entries(feat[None], self._embed[tokens][None])  # [1, T, H]
         pos = torch.tensor(positions, device=x.device)
         q, k, v = head.keys_values(x, pos)
-        true, old = len(self._pos), self._len
-        self._append(k, v)
-        t, s = k.shape[2], self._len
+        true, old = len(self._pos), self._cache.length
+        keys, values = self._cache.layer(0).update(k, v)
+        t, s = k.shape[2], self._cache.length
         # the oldest true entry still attended to: the ones before it are left out of the
         # attention (columns of the mask count from it)
         lo = min(max(0, true - self.window), old)
@@ -277,8 +258,7 @@ class EagleDrafter(Drafter):
                 mask[row, old + row - lo] = True
         if last_only:
             x, q, mask = x[:, -1:], q[:, :, -1:], mask[-1:]
-        assert self._kbuf is not None and self._vbuf is not None
-        return head.finish(x, q, self._kbuf[:, :, lo:s], self._vbuf[:, :, lo:s], mask)[0]
+        return head.finish(x, q, keys[:, :, lo:], values[:, :, lo:], mask)[0]
 
     def _root(self) -> torch.Tensor:
         """The newest true entry's output ``[H]``, computed now if its batch skipped it (a
@@ -286,14 +266,15 @@ class EagleDrafter(Drafter):
         out = self._outs[-1]
         if out is None:
             head = self._head
-            assert head is not None and self._kbuf is not None and self._vbuf is not None
+            layer = self._cache.layer(0)
+            assert head is not None and layer.keys is not None and layer.values is not None
             n, p = len(self._pos), self._pos[-1]
             tok = torch.tensor([self._tokens[p + 1]], device=self._ins[-1].device)
             x = head.entries(self._ins[-1][None, None], self._embed[tok][None])
             q, _, _ = head.keys_values(x, torch.tensor([p], device=x.device))
             lo = max(0, n - 1 - self.window)  # the entries it attends to: the window's
             mask = torch.ones(1, n - lo, dtype=torch.bool, device=x.device)
-            out = head.finish(x, q, self._kbuf[:, :, lo:n], self._vbuf[:, :, lo:n], mask)[0, 0]
+            out = head.finish(x, q, layer.keys[:, :, lo:n], layer.values[:, :, lo:n], mask)[0, 0]
             self._outs[-1] = out
         return out
 
@@ -348,7 +329,7 @@ class EagleDrafter(Drafter):
 
     def _expand(self, frontier: list[int], nodes: list[_Node], pending: int) -> torch.Tensor:
         """One head call for the frontier nodes' entries. :returns: their outputs ``[F, H]``."""
-        base = self._len
+        base = self._cache.length
         seen = []
         for i in frontier:
             anc, p = [], nodes[i].parent
