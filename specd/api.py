@@ -82,7 +82,8 @@ class Drafter:
     feature_rows: int | None = None
 
     def start(self, ctx: DraftContext) -> None:
-        """A request starts; ``ctx.tokens`` holds the prompt."""
+        """A request starts; ``ctx.tokens`` holds the prompt. Not called for a request of one
+        token (no room for a draft beside the target's own): nor is anything else."""
 
     def propose(self, ctx: DraftContext, budget: int) -> Draft | None:
         """Return at most ``budget`` draft nodes, or None to let the target take a plain step."""

@@ -232,8 +232,10 @@ class Engine(Prompts):
     def _decode(self, req: Request) -> Generator[Delta, None, Completion]:
         t_start = time.perf_counter()
         stats = Stats(prompt_tokens=len(req.prompt), drafter=req.drafter)
+        vocab = self.target.vocab_size
+        spec = Speculation(self.guard, req, max_draft=self.max_draft, vocab_size=vocab, stats=stats)
         # a drafter that reads the target's features gets those of the prompt, too
-        d = req.drafter_obj
+        d = spec.drafter
         hidden: list[torch.Tensor] | None = [] if d is not None and d.wants_hidden else None
         rows = getattr(d, "feature_rows", None) if hidden is not None else None
         # the last prompt tokens go with the first draft unless the drafter reads the cache, or
@@ -250,8 +252,6 @@ class Engine(Prompts):
             stats.total_s = time.perf_counter() - t_start
             return Completion(text="", token_ids=[], stats=stats)
 
-        vocab = self.target.vocab_size
-        spec = Speculation(self.guard, req, max_draft=self.max_draft, vocab_size=vocab, stats=stats)
         clock = self._clocks.setdefault(req.drafter, DraftClock())
         clock.start()
         if spec.policy is not None:  # what verifying costs here (priced again if the step changed)

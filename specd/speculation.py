@@ -230,6 +230,10 @@ class Speculation:
         missing = [key for key, obj in parts if obj is None]
         if req.drafter != NO_DRAFTER and missing:
             self._give_up(f"{', '.join(missing)} disabled or failed to start")
+        elif req.params.max_tokens < 2:
+            # no room for a draft beside the target's own token: the drafter is not started
+            # (no head loaded, no features of the prompt computed for it)
+            self.drafter = self.verifier = None
 
     @property
     def wants_hidden(self) -> bool:

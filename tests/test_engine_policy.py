@@ -104,11 +104,27 @@ class RecordingPolicy(ExitPolicy):
         OBSERVED.append((drafted, accepted))
 
 
+class Starting(_Oracle):
+    """Records its requests' starts and finishes; reads the target's features, as the EAGLE
+    head does (a request that starts it computes the prompt's)."""
+
+    name = "test-oracle-starting"
+    wants_hidden = True
+    STARTS: list[str] = []
+
+    def start(self, ctx):
+        self.STARTS.append("start")
+
+    def finish(self, ctx):
+        self.STARTS.append("finish")
+
+
 class _Plugin:
     @hookimpl
     def specd_register_drafters(self, register):
         register(ChainOracle)
         register(TreeOracle)
+        register(Starting)
 
     @hookimpl
     def specd_register_verifiers(self, register):
@@ -172,3 +188,29 @@ def test_a_tree_is_reported_by_its_deepest_path_not_its_nodes():
     depths = [max(d.depths()) for d in PROPOSED]
     assert any(n > d for n, d in zip(sizes, depths))  # the case where they differ is run
     assert [d for d, _ in OBSERVED if d] == depths
+
+
+def test_a_request_with_no_room_for_a_draft_does_not_start_its_drafter(monkeypatch):
+    """Guards against a one-token request starting its drafter: loading what it drafts with
+    (the EAGLE head) and computing the prompt's features for it, for a draft that cannot be
+    asked for (a draft needs a token of room beside the target's own)."""
+    features: list[bool] = []
+    prefill = TARGET.prefill
+
+    def recording(cache, tokens, stop=None, hidden=None, **kw):
+        features.append(hidden is not None)
+        return prefill(cache, tokens, stop, hidden, **kw)
+
+    prompt = PROMPT * 6  # long enough to be prefilled, not fed with the first step
+    plain = Engine(TARGET, drafter="none").generate(prompt, SamplingParams(max_tokens=2))
+    monkeypatch.setattr(TARGET, "prefill", recording)
+    for tokens in (1, 2):
+        engine = Engine(TARGET, drafter="test-oracle-starting", verifier="test-recording-greedy")
+        Starting.STARTS.clear()
+        features.clear()
+        out = engine.generate(prompt, SamplingParams(max_tokens=tokens))
+        assert out.token_ids == plain.token_ids[:tokens]
+        assert not out.stats.fallback, out.stats.fallback
+        started = tokens > 1
+        assert Starting.STARTS == (["start", "finish"] if started else []), tokens
+        assert features == [started], tokens
