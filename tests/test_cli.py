@@ -157,3 +157,24 @@ def test_only_the_daemon_keeps_prepacked_weights_by_default():
     args = parser.parse_args(["generate", "x", "--model", "tiny"])
     assert args.packed_weights is None
     assert not build_engine(args).target.fast._packed
+
+
+def test_only_the_generate_command_freezes_what_it_imported(monkeypatch):
+    """``specd generate`` as the command imports the model library with the collector off
+    (:func:`specd.cli._import_model_library`); :func:`specd.cli.main` called with arguments
+    in a process of its caller's, or another command, leaves the caller's collector alone."""
+    from specd import cli
+
+    calls: list[object] = []
+    monkeypatch.setattr(cli, "_import_model_library", lambda: calls.append("import"))
+    monkeypatch.setattr(cli, "_exit_now", lambda code: calls.append(code))
+    argv = ["generate", "def f(x):", "--model", "tiny", "--max-tokens", "1"]
+    assert cli.main(argv) == 0
+    assert calls == []
+    monkeypatch.setattr(sys, "argv", ["specd", *argv])
+    cli.main()
+    assert calls == ["import", 0]
+    calls.clear()
+    monkeypatch.setattr(sys, "argv", ["specd", "plugins", "--json"])
+    cli.main()
+    assert calls == []

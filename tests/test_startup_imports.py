@@ -131,3 +131,22 @@ def test_an_unknown_name_is_an_attribute_error():
         assert "Engin" in str(e)
     else:
         raise AssertionError("specd.Engin resolved")
+
+
+def test_a_command_that_loads_a_model_imports_torch_with_no_collection_passing_over_it():
+    """Guards against the import of torch collected as it goes (three full collections over
+    its objects on the Zen 3 of docs/benchmarks.md, ~0.13 s of a one-token generate) or the
+    collector left off afterwards."""
+    out = _python(
+        "import gc, json, sys\n"
+        "from specd import cli\n"
+        "full = []\n"
+        "gc.callbacks.append(lambda phase, info: phase == 'start' and info['generation'] == 2"
+        " and full.append(1))\n"
+        "cli._import_model_library()\n"
+        "print(json.dumps({'torch': 'torch' in sys.modules, 'full': len(full),"
+        " 'enabled': gc.isenabled(), 'frozen': gc.get_freeze_count()}))"
+    )
+    assert out["torch"] and out["enabled"], out
+    assert out["full"] == 0, out
+    assert out["frozen"] > 10_000, out  # torch's objects, out of every later collection's way

@@ -56,6 +56,7 @@ _SCALARS = {
     12: "d",
 }
 _STRING, _ARRAY = 8, 9
+_U64 = struct.Struct("<Q")
 
 _TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _LAYER = {
@@ -142,9 +143,11 @@ class _Header:
             return [self._value(item) for _ in range(count)]
         if item in _SCALARS:  # skip over it
             self.pos += count * struct.calcsize("<" + _SCALARS[item])
-        elif item == _STRING:
+        elif item == _STRING:  # each a length and its bytes (the vocabulary: ~50k of them)
+            buf, pos, length = self.buf, self.pos, _U64.unpack_from
             for _ in range(count):
-                self.pos += 8 + struct.unpack_from("<Q", self.buf, self.pos)[0]
+                pos += 8 + length(buf, pos)[0]
+            self.pos = pos
         else:
             for _ in range(count):
                 self._value(item)
