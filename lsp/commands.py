@@ -79,7 +79,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     _add_common(p)
     # a long-lived daemon trades the weights' size in memory for faster verify passes
-    p.set_defaults(func=_serve, packed_weights="auto")
+    p.set_defaults(func=_serve, packed_weights="auto", loads_model=True)
 
     p = subparsers.add_parser(
         "complete",

@@ -230,13 +230,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _import_model_library() -> None:
-    """Import torch for a one-off command that loads a model (``generate``) with the cyclic
-    garbage collector off, then move every object made so far to the collector's permanent
-    generation (:func:`gc.freeze`): the import makes ~170k objects that live as long as the
-    process, and collected as it went, full collections passed over them three times
-    (~0.13 s of a one-token ``specd generate``'s ~2 s on the 2-vCPU Zen 3 of
-    docs/benchmarks.md). Only as the ``specd`` command: a caller in the same process keeps
-    its own collector's state."""
+    """Import torch for a command that loads a model (``generate``, ``serve``: their parsers
+    set ``loads_model``) with the cyclic garbage collector off, then move every object made
+    so far to the collector's permanent generation (:func:`gc.freeze`): the import makes
+    ~170k objects that live as long as the process, and collected as it went, full
+    collections passed over them three times (~0.13 s of a one-token ``specd generate``'s
+    ~2 s on the 2-vCPU Zen 3 of docs/benchmarks.md); a daemon's later ones pass over what
+    it made since. Only as the ``specd`` command: a caller in the same process keeps its own
+    collector's state."""
     gc.disable()
     try:
         import torch  # noqa: F401
