@@ -159,11 +159,16 @@ def test_only_the_daemon_keeps_prepacked_weights_by_default():
     assert not build_engine(args).target.fast._packed
 
 
-def test_only_the_generate_command_freezes_what_it_imported(monkeypatch):
-    """``specd generate`` as the command imports the model library with the collector off
-    (:func:`specd.cli._import_model_library`); :func:`specd.cli.main` called with arguments
-    in a process of its caller's, or another command, leaves the caller's collector alone."""
+def test_the_commands_that_load_a_model_import_torch_first_as_the_command(monkeypatch):
+    """``specd generate`` (and ``serve``, whose parser says so too) as the command imports the
+    model library with the collector off (:func:`specd.cli._import_model_library`);
+    :func:`specd.cli.main` called with arguments, in a process of its caller's, or another
+    command leaves the caller's collector alone."""
     from specd import cli
+
+    parser = cli.build_parser()
+    assert parser.parse_args(["serve", "--stdio"]).loads_model
+    assert not getattr(parser.parse_args(["plugins"]), "loads_model", False)
 
     calls: list[object] = []
     monkeypatch.setattr(cli, "_import_model_library", lambda: calls.append("import"))
