@@ -1,5 +1,6 @@
-"""The wall time of a one-off ``specd generate`` from the command to its exit, for this
-checkout and, with ``--against REV``, the same command from a git revision's sources,
+"""The wall time of a one-off ``specd generate`` from the command to its exit (or, with
+``--serve``, of ``specd serve --stdio`` from its start to its answer to ``initialize``), for
+this checkout and, with ``--against REV``, the same command from a git revision's sources,
 alternating run by run (a host's speed moves from minute to minute: only ratios measured
 side by side hold). Each run is a fresh interpreter that imports specd from the checkout it
 times (specd, its plugins and its language server, whatever the installed copy points at)
@@ -7,6 +8,7 @@ and runs the command as the ``specd`` script does.
 
     python scripts/startup.py --runs 10
     python scripts/startup.py --against HEAD~3 --runs 10 -- --max-tokens 64
+    python scripts/startup.py --serve --against HEAD~3 --runs 7
 """
 
 from __future__ import annotations
@@ -67,9 +69,24 @@ def checkout(rev: str) -> Path:
     return where
 
 
+def serve(root: Path) -> float:
+    """Seconds from starting ``specd serve --stdio`` from ``root``'s sources to its answer to
+    ``initialize`` (the model loads behind it)."""
+    from specd.jsonrpc import ServerProcess
+
+    server = ServerProcess([sys.executable, "-c", RUNNER, str(root), "serve", "--stdio"])
+    try:
+        server.request("initialize", {"processId": None, "rootUri": None, "capabilities": {}})
+        return time.perf_counter() - server.started
+    finally:
+        server.close()
+
+
 def run(root: Path, command: list[str]) -> float:
     """Seconds of one run of ``specd COMMAND`` from ``root``'s sources (from a neutral
     folder, so that no checkout on the path is imported instead)."""
+    if command[0] == "serve":
+        return serve(root)
     t = time.perf_counter()
     r = subprocess.run([sys.executable, "-c", RUNNER, str(root), *command], cwd=tempfile.gettempdir(),
                        capture_output=True, text=True, timeout=600)  # fmt: skip
@@ -84,9 +101,12 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=8)
     p.add_argument("--against", metavar="REV", help="also time this git revision's sources")
     p.add_argument("--prompt", default="def fibonacci(n):")
+    p.add_argument("--serve", action="store_true", help="time the daemon's answer to initialize")
     p.add_argument("extra", nargs="*", help="after --: more options of specd generate")
     args = p.parse_args()
-    command = ["generate", args.prompt, "--max-tokens", "1", *args.extra]
+    command = (
+        ["serve"] if args.serve else ["generate", args.prompt, "--max-tokens", "1", *args.extra]
+    )
     roots = {"this checkout": ROOT}
     if args.against:
         roots[args.against] = checkout(args.against)
