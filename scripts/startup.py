@@ -4,9 +4,12 @@ this checkout and, with ``--against REV``, the same command from a git revision'
 alternating run by run (a host's speed moves from minute to minute: only ratios measured
 side by side hold). Each run is a fresh interpreter that imports specd from the checkout it
 times (specd, its plugins and its language server, whatever the installed copy points at)
-and runs the command as the ``specd`` script does.
+and runs the command as the ``specd`` script does. With ``--first-run`` each run gets an
+empty cache directory (``SPECD_CACHE_DIR``), as a new user's first command does: the model's
+configuration and tokenizer are written and the CPU kernels built within the run.
 
     python scripts/startup.py --runs 10
+    python scripts/startup.py --first-run --against HEAD~1 --runs 3
     python scripts/startup.py --against HEAD~3 --runs 10 -- --max-tokens 64
     python scripts/startup.py --serve --against HEAD~3 --runs 7
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import os
 import shutil
 import statistics
 import subprocess
@@ -82,15 +86,23 @@ def serve(root: Path) -> float:
         server.close()
 
 
-def run(root: Path, command: list[str]) -> float:
+def run(root: Path, command: list[str], first: bool = False) -> float:
     """Seconds of one run of ``specd COMMAND`` from ``root``'s sources (from a neutral
-    folder, so that no checkout on the path is imported instead)."""
+    folder, so that no checkout on the path is imported instead); with ``first``, on an
+    empty cache directory."""
     if command[0] == "serve":
         return serve(root)
+    env = dict(os.environ)
+    cache = Path(tempfile.mkdtemp(prefix="specd-first-run-"))
+    if first:
+        env["SPECD_CACHE_DIR"] = str(cache)
     t = time.perf_counter()
-    r = subprocess.run([sys.executable, "-c", RUNNER, str(root), *command], cwd=tempfile.gettempdir(),
-                       capture_output=True, text=True, timeout=600)  # fmt: skip
-    took = time.perf_counter() - t
+    try:
+        r = subprocess.run([sys.executable, "-c", RUNNER, str(root), *command], cwd=tempfile.gettempdir(),
+                           capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
+    finally:
+        took = time.perf_counter() - t
+        shutil.rmtree(cache, ignore_errors=True)
     if r.returncode != 0:
         raise SystemExit(f"specd {' '.join(command)} from {root} failed:\n{r.stderr[-2000:]}")
     return took
@@ -102,8 +114,11 @@ def main() -> None:
     p.add_argument("--against", metavar="REV", help="also time this git revision's sources")
     p.add_argument("--prompt", default="def fibonacci(n):")
     p.add_argument("--serve", action="store_true", help="time the daemon's answer to initialize")
+    p.add_argument("--first-run", action="store_true", help="each run on an empty cache directory")
     p.add_argument("extra", nargs="*", help="after --: more options of specd generate")
     args = p.parse_args()
+    if args.serve and args.first_run:
+        p.error("--first-run times specd generate (serve answers initialize before it loads)")
     command = (
         ["serve"] if args.serve else ["generate", args.prompt, "--max-tokens", "1", *args.extra]
     )
@@ -115,8 +130,9 @@ def main() -> None:
     times: dict[str, list[float]] = {name: [] for name in roots}
     for _ in range(args.runs):
         for name, root in roots.items():
-            times[name].append(run(root, command))
-    print(f"specd {' '.join(command)}: {args.runs} runs each, alternating")
+            times[name].append(run(root, command, args.first_run))
+    first = ", each a first run (an empty cache directory)" if args.first_run else ""
+    print(f"specd {' '.join(command)}: {args.runs} runs each, alternating{first}")
     for name, ts in times.items():
         print(f"  {name:>14}: median {statistics.median(ts):.2f} s, "
               f"{min(ts):.2f}-{max(ts):.2f} s")  # fmt: skip

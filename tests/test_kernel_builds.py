@@ -11,6 +11,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -235,3 +236,89 @@ def test_another_version_of_the_sources_builds_from_its_own_files(tmp_path, monk
         [str(kernel_build.CSRC / "attention.cpp"), str(kernel_build.CSRC / "decode_step.cpp")],
         [str(edited / "attention.cpp"), str(edited / "decode_step.cpp")],
     ]
+
+
+def _fake_compiler(monkeypatch, tmp_path, seconds: float = 0.0) -> list[list[str]]:
+    """The kernels built for ``scalar`` into ``tmp_path/cache`` by a stand-in compiler that
+    takes ``seconds`` and writes an empty library; returns its command lines, as run."""
+    try:
+        kernel_build.compiler()
+    except kernel_build.Unavailable:
+        pytest.skip("no C++ compiler")
+    compiled: list[list[str]] = []
+    run = kernel_build.subprocess.run
+
+    def compile_(cmd, **kwargs):
+        if "-o" not in cmd:
+            return run(cmd, **kwargs)
+        compiled.append(cmd)
+        time.sleep(seconds)
+        Path(cmd[cmd.index("-o") + 1]).write_bytes(b"")
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(kernel_build.subprocess, "run", compile_)
+    monkeypatch.setenv("SPECD_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("SPECD_KERNEL_ISA", "scalar")  # runs anywhere
+    monkeypatch.delenv("SPECD_CPU_KERNELS", raising=False)
+    return compiled
+
+
+def test_a_build_started_ahead_is_waited_for_not_repeated(tmp_path, monkeypatch, caplog):
+    """A first load starts the build in the background (``prebuild``); the load's own
+    ``build`` then waits for that one to finish instead of running the compiler again, and
+    the user is told once, before the compiler starts."""
+    compiled = _fake_compiler(monkeypatch, tmp_path, seconds=0.5)
+    with caplog.at_level(logging.WARNING, logger="specd.forward.cpu_kernels"):
+        thread = kernel_build.prebuild()
+        assert thread is not None
+        for _ in range(500):  # until the background compiler has started
+            if compiled:
+                break
+            time.sleep(0.01)
+        lib = kernel_build.build("scalar")  # while it still runs
+        assert lib.exists()
+        thread.join(5)
+    assert len(compiled) == 1
+    assert caplog.text.count("building specd's CPU kernels for scalar") == 1
+    assert kernel_build.prebuild() is None  # built: nothing more to start
+
+
+def test_nothing_is_built_ahead_where_the_kernels_are_off(tmp_path, monkeypatch):
+    compiled = _fake_compiler(monkeypatch, tmp_path)
+    monkeypatch.setenv("SPECD_CPU_KERNELS", "off")
+    assert kernel_build.prebuild() is None
+    monkeypatch.setenv("SPECD_CPU_KERNELS", "on")
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    assert kernel_build.prebuild() is None
+    assert compiled == [] and not (tmp_path / "cache").exists()
+
+
+def test_a_load_starts_the_build_before_converting_its_model(monkeypatch):
+    """``models.load`` asks for the kernels ahead (``cpu_kernels.build_ahead``) before it
+    resolves the model, which on a first run converts it: the two overlap. A load without
+    the lean forward does not ask; nor does a process that has loaded the kernels already."""
+    from specd.forward import models
+
+    order: list[str] = []
+    monkeypatch.setattr(cpu_kernels, "build_ahead", lambda: order.append("kernels"))
+
+    def resolve(model, weights=True):
+        order.append("resolve")
+        raise models.ModelNotFoundError("stop here")
+
+    monkeypatch.setattr(models, "resolve", resolve)
+    with pytest.raises(models.ModelNotFoundError):
+        models.load(models.DEFAULT_MODEL)
+    assert order == ["kernels", "resolve"]
+    order.clear()
+    with pytest.raises(models.ModelNotFoundError):
+        models.load(models.DEFAULT_MODEL, lean=False)
+    assert order == ["resolve"]
+    monkeypatch.undo()
+    started: list[bool] = []
+    monkeypatch.setattr(kernel_build, "prebuild", lambda: started.append(True))
+    monkeypatch.setattr(cpu_kernels, "_tried", True)
+    cpu_kernels.build_ahead()
+    monkeypatch.setattr(cpu_kernels, "_tried", False)
+    cpu_kernels.build_ahead()
+    assert started == [True]

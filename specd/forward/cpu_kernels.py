@@ -41,6 +41,7 @@ from .kernel_build import ISAS, OFF, Unavailable
 
 __all__ = [
     "HEAD_DIM", "ISAS", "MIN_TOKENS", "OFF", "STEP_TOKENS", "attention", "available", "buffer",
+    "build_ahead",
     "dequantize", "library_file", "product",
     "isa", "reason", "runnable_isas", "step_function", "step_work_floats", "supports", "use",
 ]  # fmt: skip
@@ -86,6 +87,14 @@ def available() -> bool:
     if not _tried:
         _load()
     return _current is not None
+
+
+def build_ahead() -> None:
+    """Start building the kernels in the background where this process has not loaded them
+    (nor tried to) and they are not built yet (:func:`specd.forward.kernel_build.prebuild`):
+    a load calls it first, so that a first run's compiler and model conversion overlap."""
+    if not _tried:
+        kernel_build.prebuild()
 
 
 def isa() -> str:

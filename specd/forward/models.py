@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..errors import BadInputError, ModelNotFoundError
-from . import lean_model, tokenizer
+from . import cpu_kernels, lean_model, tokenizer
 from . import weights as stored
 from .gguf_models import (  # re-exported: where models are found
     ALIASES,
@@ -90,7 +90,7 @@ def resolve(model: str, *, weights: bool = True) -> Path | str:
     """Turn ``--model`` into something ``from_pretrained`` can load offline (a GGUF file's
     converted directory: with its float32 weights unless ``weights`` is False)."""
     if model in ALIASES:
-        return converted_dir(model)
+        return converted_dir(model, weights=weights)
     gguf = gguf_file(model)
     if gguf is not None:
         return converted_gguf(gguf, weights=weights)
@@ -213,6 +213,8 @@ def load(
     torch_dtype = parse_dtype(dtype or default_dtype(device))
     no_lean = _no_lean_forward(lean, device)
     choice = storage(model, weights, no_lean, torch_dtype, gguf=is_gguf(model))
+    if not no_lean:  # the lean forward uses the kernels: a first build runs beside the load
+        cpu_kernels.build_ahead()
     where = Path(resolve(model, weights=choice != "native"))
     if not trust_remote_code:
         _refuse_remote_code(where)
