@@ -11,6 +11,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -135,14 +136,13 @@ def test_the_self_test_of_each_build_passes(build):
 @pytest.mark.usefixtures("fresh_kernel")
 def test_built_once_into_the_cache_directory_saying_so_first(tmp_path, monkeypatch, caplog):
     said_first = []
-    run = kernel_build.subprocess.run
+    run = kernel_build._compile
 
-    def compile_(cmd, **kwargs):  # the compiler starts: was the user told?
-        if "-o" in cmd:
-            said_first.append("building specd's CPU kernels for" in caplog.text)
-        return run(cmd, **kwargs)
+    def compile_(cmd, out):  # the compiler starts: was the user told?
+        said_first.append("building specd's CPU kernels for" in caplog.text)
+        return run(cmd, out)
 
-    monkeypatch.setattr(kernel_build.subprocess, "run", compile_)
+    monkeypatch.setattr(kernel_build, "_compile", compile_)
     with caplog.at_level(logging.INFO, logger="specd.forward.cpu_kernels"):
         assert cpu_kernels.available()
     name = cpu_kernels.isa()
@@ -211,17 +211,14 @@ def _fake_compiler(monkeypatch, tmp_path, seconds: float = 0.0) -> list[list[str
     except kernel_build.Unavailable:
         pytest.skip("no C++ compiler")
     compiled: list[list[str]] = []
-    run = kernel_build.subprocess.run
 
-    def compile_(cmd, **kwargs):
-        if "-o" not in cmd:
-            return run(cmd, **kwargs)
+    def compile_(cmd, out):
         compiled.append(cmd)
         time.sleep(seconds)
-        Path(cmd[cmd.index("-o") + 1]).write_bytes(b"")
+        Path(out).write_bytes(b"")
         return subprocess.CompletedProcess(cmd, 0, "", "")
 
-    monkeypatch.setattr(kernel_build.subprocess, "run", compile_)
+    monkeypatch.setattr(kernel_build, "_compile", compile_)
     monkeypatch.setenv("SPECD_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("SPECD_KERNEL_ISA", "scalar")  # runs anywhere
     monkeypatch.delenv("SPECD_CPU_KERNELS", raising=False)
@@ -307,3 +304,29 @@ def test_a_load_starts_the_build_before_converting_its_model(monkeypatch):
     monkeypatch.setattr(cpu_kernels, "_tried", False)
     cpu_kernels.build_ahead()
     assert started == [True]
+
+
+def test_a_compiler_still_running_at_exit_is_stopped_and_its_output_removed(tmp_path):
+    """A build started ahead of a load that then fails (a model not found) must not go on
+    compiling after the process has exited, nor leave its half-written library behind."""
+    out = tmp_path / "kernels-partial.so"
+    script = f"echo partial > {out}; sleep 60"
+    done: list[object] = []
+    thread = threading.Thread(target=lambda: done.append(_run_quietly(["sh", "-c", script], out)))
+    thread.start()
+    for _ in range(500):  # until it has started writing
+        if out.exists() and kernel_build._running:
+            break
+        time.sleep(0.01)
+    started = time.perf_counter()
+    kernel_build._stop_compilers()  # what the process runs at exit
+    thread.join(10)
+    assert time.perf_counter() - started < 5 and not thread.is_alive()
+    assert not out.exists() and not kernel_build._running
+
+
+def _run_quietly(cmd: list[str], out: Path) -> object:
+    try:
+        return kernel_build._compile(cmd, str(out))
+    except Exception as e:
+        return e

@@ -14,11 +14,13 @@ refused, saying why, where this CPU cannot run it.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import logging
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
@@ -208,6 +210,60 @@ def _version(cxx: str) -> str:
     return subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
 
 
+#: The compilers running, each with the file it writes.
+_running: dict[subprocess.Popen, str] = {}
+_running_lock = threading.Lock()
+
+
+def _compile(cmd: list[str], out: str) -> subprocess.CompletedProcess:
+    """Run the compiler's command line ``cmd``, which writes ``out``; one still running when
+    this process exits (a build started ahead of a load that failed) is stopped and ``out``
+    removed (:func:`_stop_compilers`), not left to finish in the background.
+
+    :raises subprocess.TimeoutExpired: it ran for over 300 s (it is stopped)."""
+    # a process group of its own, so that stopping it stops the compiler's own children
+    # (cc1plus, the assembler, the linker) with it
+    group = hasattr(os, "killpg")
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=group
+    )
+    with _running_lock:
+        _running[proc] = out
+    try:
+        stdout, stderr = proc.communicate(timeout=300)
+    except BaseException:
+        _stop(proc)
+        raise
+    finally:
+        with _running_lock:
+            _running.pop(proc, None)
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Stop a compiler started by :func:`_compile`, and every process it started."""
+    try:
+        if hasattr(os, "killpg"):
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:
+            proc.kill()
+    except OSError:  # gone already
+        pass
+    proc.wait()
+
+
+@atexit.register
+def _stop_compilers() -> None:
+    with _running_lock:
+        running = list(_running.items())
+    for proc, out in running:
+        _stop(proc)
+        try:
+            os.unlink(out)
+        except OSError:
+            pass
+
+
 #: One lock per library file: a second build of the same library waits for the first.
 _locks: dict[Path, threading.Lock] = {}
 _locks_lock = threading.Lock()
@@ -254,12 +310,7 @@ def _build(isa: str, dot: bool, csrc: Path | None = None) -> Path:
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=where)
         os.close(fd)
         try:
-            done = subprocess.run(
-                command(cxx, isa, tmp, sources, dot=dot),
-                capture_output=True,
-                text=True,
-                timeout=300,
-            )
+            done = _compile(command(cxx, isa, tmp, sources, dot=dot), tmp)
             if done.returncode != 0:
                 raise RuntimeError(f"{cxx} failed: {done.stderr.strip()[-2000:]}")
             os.replace(tmp, lib)  # atomic: another process building it at once is harmless
