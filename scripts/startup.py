@@ -93,8 +93,8 @@ def run(root: Path, command: list[str], first: bool = False) -> float:
     if command[0] == "serve":
         return serve(root)
     env = dict(os.environ)
-    cache = Path(tempfile.mkdtemp(prefix="specd-first-run-"))
-    if first:
+    cache = Path(tempfile.mkdtemp(prefix="specd-first-run-")) if first else None
+    if cache is not None:
         env["SPECD_CACHE_DIR"] = str(cache)
     t = time.perf_counter()
     try:
@@ -102,7 +102,8 @@ def run(root: Path, command: list[str], first: bool = False) -> float:
                            capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
     finally:
         took = time.perf_counter() - t
-        shutil.rmtree(cache, ignore_errors=True)
+        if cache is not None:
+            shutil.rmtree(cache, ignore_errors=True)
     if r.returncode != 0:
         raise SystemExit(f"specd {' '.join(command)} from {root} failed:\n{r.stderr[-2000:]}")
     return took
