@@ -132,7 +132,7 @@ def test_the_default_model_is_prepared_without_a_float32_copy_saying_so_first(
     monkeypatch.setenv("SPECD_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("SPECD_CPU_KERNELS", "off")  # no build into the empty cache
     with caplog.at_level("WARNING", logger="specd.forward.gguf_models"):
-        target = models.load_target(models.DEFAULT_MODEL)
+        target = models.load_target(models.DEFAULT_MODEL, device="cpu")
     assert target.model.weight_format == "q4_1+q8_0"
     where = tmp_path / "models" / models.DEFAULT_MODEL
     assert (where / "config.json").is_file() and (where / "tokenizer.json").is_file()
@@ -147,7 +147,7 @@ def test_the_default_model_is_prepared_without_a_float32_copy_saying_so_first(
         "_converted",
         lambda g, t, weights: asked.append(weights) or real(g, t, weights=False),
     )
-    models.load_target(models.DEFAULT_MODEL)  # prepared: nothing more to write
+    models.load_target(models.DEFAULT_MODEL, device="cpu")  # prepared: nothing more to write
     assert asked == []
     models.resolve(models.DEFAULT_MODEL)  # the float32 copy (stubbed: only asked for)
     assert asked == [True]

@@ -290,11 +290,11 @@ def test_a_load_starts_the_build_before_converting_its_model(monkeypatch):
 
     monkeypatch.setattr(models, "resolve", resolve)
     with pytest.raises(models.ModelNotFoundError):
-        models.load(models.DEFAULT_MODEL)
+        models.load(models.DEFAULT_MODEL, device="cpu")
     assert order == ["kernels", "resolve"]
     order.clear()
     with pytest.raises(models.ModelNotFoundError):
-        models.load(models.DEFAULT_MODEL, lean=False)
+        models.load(models.DEFAULT_MODEL, device="cpu", lean=False)
     assert order == ["resolve"]
     monkeypatch.undo()
     started: list[bool] = []
