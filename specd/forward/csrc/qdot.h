@@ -25,15 +25,32 @@
 
 namespace specd {
 
-// One token's activations for the block it multiplies: 32 int8 values.
+// One token's activations for the block it multiplies: 32 int8 values, four a word, in order
+// (word(x, j): values 4 j .. 4 j + 3).
+#if defined(SPECD_ISA_AVX512)
+// Read where they lie: each word is broadcast from memory, a load the dot product takes as its
+// operand. Copied into general registers first, each word cost a shift and a register-to-vector
+// broadcast beside each dot product, on the ports the dot products use.
 struct Q8x32 {
-    int32_t w[8];  // four values a word, in order
+    const int8_t* p;
+};
+inline Q8x32 q8x32(const int8_t* p) { return {p}; }
+inline int32_t word(const Q8x32& x, int j) {
+    int32_t w;
+    memcpy(&w, x.p + 4 * j, 4);
+    return w;
+}
+#else
+struct Q8x32 {
+    int32_t w[8];
 };
 inline Q8x32 q8x32(const int8_t* p) {
     Q8x32 x;
     memcpy(x.w, p, 32);
     return x;
 }
+inline int32_t word(const Q8x32& x, int j) { return x.w[j]; }
+#endif
 
 #if defined(SPECD_ISA_AVX512)
 
@@ -56,15 +73,15 @@ inline V16 u4x16_dot(const U4x16& u, const Q8x32& x) {
     // two chains, so consecutive dot products need not wait on each other
     __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
     for (int j = 0; j < 8; j += 2) {
-        s0 = _mm512_dpbusd_epi32(s0, u.w[j], _mm512_set1_epi32(x.w[j]));
-        s1 = _mm512_dpbusd_epi32(s1, u.w[j + 1], _mm512_set1_epi32(x.w[j + 1]));
+        s0 = _mm512_dpbusd_epi32(s0, u.w[j], _mm512_set1_epi32(word(x, j)));
+        s1 = _mm512_dpbusd_epi32(s1, u.w[j + 1], _mm512_set1_epi32(word(x, j + 1)));
     }
     return {_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1))};
 #else
     // pairs of products in 16 bits, summed there (|8 * 2 * 15 * 127| < 2^15), then in 32
     __m512i s = _mm512_setzero_si512();
     for (int j = 0; j < 8; j++)
-        s = _mm512_add_epi16(s, _mm512_maddubs_epi16(u.w[j], _mm512_set1_epi32(x.w[j])));
+        s = _mm512_add_epi16(s, _mm512_maddubs_epi16(u.w[j], _mm512_set1_epi32(word(x, j))));
     return {_mm512_cvtepi32_ps(_mm512_madd_epi16(s, _mm512_set1_epi16(1)))};
 #endif
 }
@@ -79,8 +96,8 @@ inline V16 u8x16_dot(const U8x16& u, const Q8x32& x, int32_t xsum) {
 #if defined(__AVX512VNNI__)
     __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
     for (int j = 0; j < 8; j += 2) {
-        s0 = _mm512_dpbusd_epi32(s0, u.w[j], _mm512_set1_epi32(x.w[j]));
-        s1 = _mm512_dpbusd_epi32(s1, u.w[j + 1], _mm512_set1_epi32(x.w[j + 1]));
+        s0 = _mm512_dpbusd_epi32(s0, u.w[j], _mm512_set1_epi32(word(x, j)));
+        s1 = _mm512_dpbusd_epi32(s1, u.w[j + 1], _mm512_set1_epi32(word(x, j + 1)));
     }
     const __m512i s = _mm512_add_epi32(s0, s1);
 #else
@@ -88,7 +105,7 @@ inline V16 u8x16_dot(const U8x16& u, const Q8x32& x, int32_t xsum) {
     const __m512i ones = _mm512_set1_epi16(1), low7 = _mm512_set1_epi8(127);
     __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
     for (int j = 0; j < 8; j++) {
-        const __m512i xj = _mm512_set1_epi32(x.w[j]);
+        const __m512i xj = _mm512_set1_epi32(word(x, j));
         lo = _mm512_add_epi32(lo, _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_and_si512(u.w[j], low7), xj), ones));
         const __m512i top = _mm512_and_si512(_mm512_srli_epi16(u.w[j], 7), _mm512_set1_epi8(1));
         hi = _mm512_add_epi32(hi, _mm512_madd_epi16(_mm512_maddubs_epi16(top, xj), ones));
@@ -98,9 +115,13 @@ inline V16 u8x16_dot(const U8x16& u, const Q8x32& x, int32_t xsum) {
     return {_mm512_cvtepi32_ps(_mm512_sub_epi32(s, _mm512_set1_epi32(128 * xsum)))};
 }
 // a's 16 lanes rounded to the nearest integer (ties to even) and stored as int8 (within
-// +-127 by the caller's scale).
-inline void vstore_i8(int8_t* p, V16 a) {
-    _mm_storeu_si128((__m128i*)p, _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(a.v)));
+// +-127 by the caller's scale); returns their sum, from the registers (summed from memory,
+// the bytes just stored were read back before their stores could forward them: a prefill's
+// activations took 8% of its time to round).
+inline int32_t vstore_i8(int8_t* p, V16 a) {
+    const __m128i b = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(a.v));
+    _mm_storeu_si128((__m128i*)p, b);
+    return _mm512_reduce_add_epi32(_mm512_cvtepi8_epi32(b));
 }
 
 #elif defined(SPECD_ISA_AVX2)
@@ -194,11 +215,14 @@ inline void u8x16_dots(const uint8_t* p, const int8_t* const* xs, const int32_t*
         for (int i = 0; i < NT; i++) (h ? out[i].hi : out[i].lo) = _mm256_cvtepi32_ps(s[i]);
     }
 }
-inline void vstore_i8(int8_t* p, V16 a) {
+inline int32_t vstore_i8(int8_t* p, V16 a) {
     // packs work within 128-bit lanes: words 0-3, 8-11, 4-7, 12-15, put back in order
     const __m256i w = _mm256_packs_epi32(_mm256_cvtps_epi32(a.lo), _mm256_cvtps_epi32(a.hi));
     const __m128i b = _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
     _mm_storeu_si128((__m128i*)p, _mm_shuffle_epi32(b, _MM_SHUFFLE(3, 1, 2, 0)));
+    // the sum: each half's bytes plus 128 summed by sad, less the 16 times 128 added
+    const __m128i sad = _mm_sad_epu8(_mm_xor_si128(b, _mm_set1_epi8((char)0x80)), _mm_setzero_si128());
+    return _mm_cvtsi128_si32(sad) + _mm_extract_epi16(sad, 4) - 16 * 128;
 }
 
 #elif defined(SPECD_ISA_NEON)
@@ -223,8 +247,8 @@ inline int32x4_t dot4(int32x4_t acc, uint8x16_t a, int8x16_t b) {
 inline V16 u4x16_dot(const U4x16& u, const Q8x32& x) {
     int32x4_t s[4] = {vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0)};
     for (int k = 0; k < 4; k++) {
-        const int8x16_t xl = vreinterpretq_s8_s32(vdupq_n_s32(x.w[k]));
-        const int8x16_t xh = vreinterpretq_s8_s32(vdupq_n_s32(x.w[4 + k]));
+        const int8x16_t xl = vreinterpretq_s8_s32(vdupq_n_s32(word(x, k)));
+        const int8x16_t xh = vreinterpretq_s8_s32(vdupq_n_s32(word(x, 4 + k)));
         for (int i = 0; i < 4; i++) {  // rows 4 i .. 4 i + 3
             const uint8x16_t v = vld1q_u8(u.p + 64 * k + 16 * i);
             s[i] = dot4(s[i], vandq_u8(v, vdupq_n_u8(15)), xl);
@@ -251,7 +275,7 @@ inline V16 u8x16_dot(const U8x16& u, const Q8x32& x, int32_t xsum) {
     (void)xsum;  // the signed values themselves (the stored byte xor 0x80)
     int32x4_t s[4] = {vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0), vdupq_n_s32(0)};
     for (int k = 0; k < 8; k++) {
-        const int8x16_t xk = vreinterpretq_s8_s32(vdupq_n_s32(x.w[k]));
+        const int8x16_t xk = vreinterpretq_s8_s32(vdupq_n_s32(word(x, k)));
         for (int i = 0; i < 4; i++) {
             const uint8x16_t v = veorq_u8(vld1q_u8(u.p + 64 * k + 16 * i), vdupq_n_u8(0x80));
             s[i] = dot4_s8(s[i], vreinterpretq_s8_u8(v), xk);
@@ -259,10 +283,12 @@ inline V16 u8x16_dot(const U8x16& u, const Q8x32& x, int32_t xsum) {
     }
     return {{vcvtq_f32_s32(s[0]), vcvtq_f32_s32(s[1]), vcvtq_f32_s32(s[2]), vcvtq_f32_s32(s[3])}};
 }
-inline void vstore_i8(int8_t* p, V16 a) {
+inline int32_t vstore_i8(int8_t* p, V16 a) {
     const int16x8_t lo = vcombine_s16(vqmovn_s32(vcvtnq_s32_f32(a.q[0])), vqmovn_s32(vcvtnq_s32_f32(a.q[1])));
     const int16x8_t hi = vcombine_s16(vqmovn_s32(vcvtnq_s32_f32(a.q[2])), vqmovn_s32(vcvtnq_s32_f32(a.q[3])));
-    vst1q_s8(p, vcombine_s8(vqmovn_s16(lo), vqmovn_s16(hi)));
+    const int8x16_t b = vcombine_s8(vqmovn_s16(lo), vqmovn_s16(hi));
+    vst1q_s8(p, b);
+    return vaddlvq_s8(b);
 }
 
 #else  // SPECD_ISA_SCALAR
@@ -305,11 +331,14 @@ inline V16 u8x16_dot(const U8x16& u, const Q8x32& x, int32_t xsum) {
     }
     return r;
 }
-inline void vstore_i8(int8_t* p, V16 a) {
+inline int32_t vstore_i8(int8_t* p, V16 a) {
+    int32_t sum = 0;
     for (int i = 0; i < 16; i++) {
         const float v = nearbyintf(a.f[i]);  // the default rounding: ties to even
         p[i] = (int8_t)(v > 127.0f ? 127.0f : v < -128.0f ? -128.0f : v);
+        sum += p[i];
     }
+    return sum;
 }
 
 #endif
