@@ -38,12 +38,14 @@ import torch
 
 from . import kernel_build
 from .kernel_build import ISAS, OFF, Unavailable
+from .row_ops import RowOps
 
 __all__ = [
     "HEAD_DIM", "ISAS", "MIN_TOKENS", "OFF", "STEP_TOKENS", "attention", "available", "buffer",
     "build_ahead",
     "dequantize", "library_file", "product",
-    "isa", "reason", "runnable_isas", "step_function", "step_work_floats", "supports", "use",
+    "isa", "reason", "row_ops", "runnable_isas", "step_function", "step_work_floats", "supports",
+    "use",
 ]  # fmt: skip
 
 log = logging.getLogger(__name__)
@@ -71,6 +73,7 @@ class _Library:
     dequantize: Any
     product: Any
     weave: Any
+    rows: RowOps
     file: str  # the library's file name: the build's sources, flags and compiler, hashed
 
 
@@ -141,6 +144,18 @@ def supports(tokens: int, dtype: torch.dtype, device: torch.device, head_dim: in
         and head_dim == HEAD_DIM
         and available()
     )
+
+
+def row_ops(tokens: int, dtype: torch.dtype, device: torch.device) -> RowOps | None:
+    """The kernels' row-wise operations (:mod:`specd.forward.row_ops`) for a pass of
+    ``tokens`` new tokens, or None where PyTorch's run it: fewer than :data:`MIN_TOKENS`
+    tokens (steps and verify passes stay as they are), not float32 on the CPU, inside
+    ``torch.compile``'s tracing, or no kernels here."""
+    if tokens < MIN_TOKENS or dtype != torch.float32 or device.type != "cpu":
+        return None
+    if torch.compiler.is_compiling() or not available() or _current is None:
+        return None
+    return _current.rows
 
 
 def attention(
@@ -365,7 +380,7 @@ def _open(lib: Path) -> _Library:
     weave = dll.specd_weave
     weave.argtypes = [ptr, ctypes.c_int32, i64, i64, ptr, ctypes.c_int]
     weave.restype = ctypes.c_int
-    return _Library(isa, fn, step, work, dequantize, product, weave, lib.name)
+    return _Library(isa, fn, step, work, dequantize, product, weave, RowOps(dll), lib.name)
 
 
 def _reset() -> None:

@@ -108,6 +108,10 @@ class FastDecoder(WeightProducts):
         self._init_products()
 
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        ops = cpu_kernels.row_ops(x.shape[-2], x.dtype, x.device)
+        out = ops.rmsnorm(x, w, self.eps) if ops is not None else None
+        if out is not None:
+            return out
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -213,6 +217,17 @@ class FastDecoder(WeightProducts):
         t = h.shape[1]
         half = self.head_dim // 2
         x = self._rms(h, L.ln1)
+        ops = cpu_kernels.row_ops(t, h.dtype, h.device)
+        if ops is not None:  # a pass of many tokens: rotated as the products write them
+            q2, k2 = self._linear(x, L.wq, L.bq), self._linear(x, L.wk, L.bk)
+            qr, kr = ops.rotary(q2, cos, sin, self.n_heads), ops.rotary(k2, cos, sin, self.n_kv)
+            if qr is not None and kr is not None:
+                v = self._linear(x, L.wv, L.bv)
+                return (
+                    qr.view(1, t, self.n_heads, self.head_dim).transpose(1, 2),
+                    kr.view(1, t, self.n_kv, self.head_dim).transpose(1, 2),
+                    v.view(1, t, self.n_kv, self.head_dim).transpose(1, 2),
+                )
         q = self._linear(x, L.wq, L.bq).view(1, t, self.n_heads, self.head_dim).transpose(1, 2)
         k = self._linear(x, L.wk, L.bk).view(1, t, self.n_kv, self.head_dim).transpose(1, 2)
         v = self._linear(x, L.wv, L.bv).view(1, t, self.n_kv, self.head_dim).transpose(1, 2)
@@ -272,7 +287,10 @@ class FastDecoder(WeightProducts):
             return products.packed_linear_then(a, pd, None, "add", h).view(1, t, -1)
         h = h + self._linear(o, L.wo, L.bo)
         x = self._rms(h, L.ln2)
-        return h + self._linear(F.silu(self._linear(x, L.wg)) * self._linear(x, L.wu), L.wd)
+        gate, up = self._linear(x, L.wg), self._linear(x, L.wu)
+        ops = cpu_kernels.row_ops(t, gate.dtype, gate.device)
+        act = ops.silu_mul(gate, up) if ops is not None else None
+        return h + self._linear(F.silu(gate) * up if act is None else act, L.wd)
 
     def rotary_tables(self, h: torch.Tensor, position_ids: torch.Tensor):
         """cos and sin ``[1, 1, T, D]`` for ``position_ids`` ``[1, T]``, in ``h``'s dtype."""

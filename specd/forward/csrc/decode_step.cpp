@@ -941,6 +941,27 @@ void specd_product(const void* weight, int32_t format, int64_t N, int64_t K, con
     }
 }
 
+// The step's norm, rotary embedding and gated activation over many rows, on `threads`
+// threads, for the lean forward's passes of many tokens (specd/forward/row_ops.py): one pass
+// over the activations each, where PyTorch's operations made five to seven.
+// out[i] = rmsnorm(x[i]) * w for T rows of H floats (H a multiple of 16).
+void specd_rmsnorm(const float* x, const float* w, int64_t T, int64_t H, float eps, float* out, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t i = 0; i < T; i++) rmsnorm(x + i * H, w, H, eps, out + i * H);
+}
+// out[i] = x[i] rotated by row i of cos and sin [T, D], for T rows of `heads` heads of D floats.
+void specd_rotary(const float* x, const float* cos, const float* sin, int64_t T, int64_t heads, int64_t D,
+                  float* out, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t i = 0; i < T; i++) rotary(x + i * heads * D, cos + i * D, sin + i * D, heads, D, out + i * heads * D);
+}
+// out = silu(g) * u over n floats.
+void specd_silu_mul(const float* g, const float* u, int64_t n, float* out, int threads) {
+    constexpr int64_t PIECE = 4096;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t lo = 0; lo < n; lo += PIECE) silu_mul(g, u, lo, lo + PIECE < n ? lo + PIECE : n, out);
+}
+
 // The half -8 d of a half d, exactly; false where it overflows (or d is not finite).
 inline bool minus_eight(uint16_t d, uint16_t* out) {
     const uint16_t sign = (uint16_t)((d ^ 0x8000u) & 0x8000u), e = (d >> 10) & 31, mant = d & 0x3FFu;
