@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from test_cpu_kernels import build, needs_kernel  # noqa: F401  (the fixture)
 
-from specd.forward import cpu_kernels
+from specd.forward import cpu_kernels, row_ops
 from specd.forward.tiny import tiny_target
 
 
@@ -110,3 +110,8 @@ def test_a_prefill_through_them_matches_pytorchs(monkeypatch):
     assert used == [120] * (4 * 3 + 1)
     assert torch.allclose(out, ref, atol=1e-4, rtol=1e-4)
     assert (out.argmax(-1) == ref.argmax(-1)).float().mean() > 0.95
+
+
+def test_a_build_of_earlier_sources_runs_without_them():
+    # a loaded library whose sources had no row functions: ctypes raises AttributeError
+    assert row_ops.bind(object()) is None

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from . import kernel_build
+from . import row_ops as _rows
 from .kernel_build import ISAS, OFF, Unavailable
 from .row_ops import RowOps
 
@@ -73,7 +74,7 @@ class _Library:
     dequantize: Any
     product: Any
     weave: Any
-    rows: RowOps
+    rows: RowOps | None  # None: a build of earlier sources
     file: str  # the library's file name: the build's sources, flags and compiler, hashed
 
 
@@ -380,7 +381,7 @@ def _open(lib: Path) -> _Library:
     weave = dll.specd_weave
     weave.argtypes = [ptr, ctypes.c_int32, i64, i64, ptr, ctypes.c_int]
     weave.restype = ctypes.c_int
-    return _Library(isa, fn, step, work, dequantize, product, weave, RowOps(dll), lib.name)
+    return _Library(isa, fn, step, work, dequantize, product, weave, _rows.bind(dll), lib.name)
 
 
 def _reset() -> None:

@@ -17,6 +17,15 @@ from typing import Any
 import torch
 
 
+def bind(dll: Any) -> RowOps | None:
+    """The operations of one loaded build of the kernels, or None for a build of sources
+    without them (``scripts/step_kernel.py --against`` loads earlier versions)."""
+    try:
+        return RowOps(dll)
+    except AttributeError:
+        return None
+
+
 class RowOps:
     """The three operations of one loaded build of the kernels (``dll``)."""
 
