@@ -108,7 +108,7 @@ class FastDecoder(WeightProducts):
         self._init_products()
 
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        ops = cpu_kernels.row_ops(x.shape[-2], x.dtype, x.device)
+        ops = cpu_kernels.row_ops(x.numel() // x.shape[-1], x.dtype, x.device)  # rows
         out = ops.rmsnorm(x, w, self.eps) if ops is not None else None
         if out is not None:
             return out
@@ -217,23 +217,18 @@ class FastDecoder(WeightProducts):
         t = h.shape[1]
         half = self.head_dim // 2
         x = self._rms(h, L.ln1)
+        q2, k2 = self._linear(x, L.wq, L.bq), self._linear(x, L.wk, L.bk)  # [1, T, heads * D]
+        v = self._linear(x, L.wv, L.bv).view(1, t, self.n_kv, self.head_dim).transpose(1, 2)
         ops = cpu_kernels.row_ops(t, h.dtype, h.device)
-        if ops is not None:  # a pass of many tokens: rotated as the products write them
-            q2, k2 = self._linear(x, L.wq, L.bq), self._linear(x, L.wk, L.bk)
+        if ops is not None:  # a pass of many tokens: each rotated in one pass over it
             qr, kr = ops.rotary(q2, cos, sin, self.n_heads), ops.rotary(k2, cos, sin, self.n_kv)
             if qr is not None and kr is not None:
-                v = self._linear(x, L.wv, L.bv)
-                return (
-                    qr.view(1, t, self.n_heads, self.head_dim).transpose(1, 2),
-                    kr.view(1, t, self.n_kv, self.head_dim).transpose(1, 2),
-                    v.view(1, t, self.n_kv, self.head_dim).transpose(1, 2),
-                )
-        q = self._linear(x, L.wq, L.bq).view(1, t, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self._linear(x, L.wk, L.bk).view(1, t, self.n_kv, self.head_dim).transpose(1, 2)
-        v = self._linear(x, L.wv, L.bv).view(1, t, self.n_kv, self.head_dim).transpose(1, 2)
-        # rotary: x * cos + rotate_half(x) * sin
-        q = q * cos + torch.cat((-q[..., half:], q[..., :half]), dim=-1) * sin
-        k = k * cos + torch.cat((-k[..., half:], k[..., :half]), dim=-1) * sin
+                q2, k2, cos = qr, kr, None
+        q = q2.view(1, t, self.n_heads, self.head_dim).transpose(1, 2)
+        k = k2.view(1, t, self.n_kv, self.head_dim).transpose(1, 2)
+        if cos is not None:  # rotary: x * cos + rotate_half(x) * sin
+            q = q * cos + torch.cat((-q[..., half:], q[..., :half]), dim=-1) * sin
+            k = k * cos + torch.cat((-k[..., half:], k[..., :half]), dim=-1) * sin
         return q, k, v
 
     def pack_mask(self, mask: torch.Tensor) -> torch.Tensor:

@@ -116,8 +116,7 @@ inline V16 u8x16_dot(const U8x16& u, const Q8x32& x, int32_t xsum) {
 }
 // a's 16 lanes rounded to the nearest integer (ties to even) and stored as int8 (within
 // +-127 by the caller's scale); returns their sum, from the registers (summed from memory,
-// the bytes just stored were read back before their stores could forward them: a prefill's
-// activations took 8% of its time to round).
+// the bytes just stored were read back before their stores could forward them).
 inline int32_t vstore_i8(int8_t* p, V16 a) {
     const __m128i b = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(a.v));
     _mm_storeu_si128((__m128i*)p, b);
