@@ -220,13 +220,14 @@ class FastDecoder(WeightProducts):
         q2, k2 = self._linear(x, L.wq, L.bq), self._linear(x, L.wk, L.bk)  # [1, T, heads * D]
         v = self._linear(x, L.wv, L.bv).view(1, t, self.n_kv, self.head_dim).transpose(1, 2)
         ops = cpu_kernels.row_ops(t, h.dtype, h.device)
+        rotated = False
         if ops is not None:  # a pass of many tokens: each rotated in one pass over it
             qr, kr = ops.rotary(q2, cos, sin, self.n_heads), ops.rotary(k2, cos, sin, self.n_kv)
             if qr is not None and kr is not None:
-                q2, k2, cos = qr, kr, None
+                q2, k2, rotated = qr, kr, True
         q = q2.view(1, t, self.n_heads, self.head_dim).transpose(1, 2)
         k = k2.view(1, t, self.n_kv, self.head_dim).transpose(1, 2)
-        if cos is not None:  # rotary: x * cos + rotate_half(x) * sin
+        if not rotated:  # rotary: x * cos + rotate_half(x) * sin
             q = q * cos + torch.cat((-q[..., half:], q[..., :half]), dim=-1) * sin
             k = k * cos + torch.cat((-k[..., half:], k[..., :half]), dim=-1) * sin
         return q, k, v
