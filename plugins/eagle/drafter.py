@@ -20,7 +20,6 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -40,16 +39,8 @@ from specd import (
 
 from .head import EagleHead
 from .headfile import RANDOM, HeadMismatchError, load_head, random_head, shipped_head
-
-
-@dataclass
-class _Node:
-    token: int
-    parent: int  # index into the node list, -1: the root
-    depth: int  # 1 for children of the root
-    score: float  # log probability of the path
-    feat: torch.Tensor  # [H] predicted feature this node's token was read from
-    entry: int = -1  # cache index of this node's head entry, once expanded
+from .rest import Rest
+from .tree import Node, as_draft, closed
 
 
 class EagleDrafter(Drafter):
@@ -60,7 +51,9 @@ class EagleDrafter(Drafter):
     ones are not fed at all).
     :param max_draft: cap on draft nodes per step.
     :param min_prob: greedy trees keep only nodes whose path probability under the head
-        is at least this: each node widens the verify pass, which costs time on a CPU."""
+        is at least this: each node widens the verify pass, which costs time on a CPU.
+    :param rest: after a request whose drafts did not pay, rest in the next ones but one in
+        several (:mod:`.rest`); ``hybrid`` gives its head part ``rest=False``."""
 
     name = "eagle"
     wants_hidden = True
@@ -77,6 +70,7 @@ class EagleDrafter(Drafter):
         window: int = 256,
         max_draft: int = 8,
         min_prob: float = 0.0,
+        rest: bool = True,
     ) -> None:
         self.head_path = None if head is None else Path(head)
         if self.head_path is not None and head != RANDOM and not self.head_path.is_file():
@@ -87,6 +81,8 @@ class EagleDrafter(Drafter):
         self.feature_rows = self.window  # older features are never fed (_feed)
         self.max_draft = int(max_draft)
         self.min_prob = float(min_prob)
+        self.rest = str(rest).lower() not in ("false", "0", "no", "off")  # options may be text
+        self._rest = Rest()
         self._for: Target | None = None
         self._head: EagleHead | None = None
         self._reset()
@@ -156,6 +152,8 @@ class EagleDrafter(Drafter):
     def start(self, ctx: DraftContext) -> None:
         if ctx.target is None:
             raise RuntimeError("eagle needs the target")
+        if self._rest.resting:  # no features were read: it drafts nothing this request
+            return
         self._load(ctx.target)
         # keep the entries of the longest common prefix: entry p describes tokens p, p + 1
         same = 0
@@ -174,13 +172,21 @@ class EagleDrafter(Drafter):
         self._take_features(ctx)
 
     def commit(self, ctx: DraftContext, new_tokens: Sequence[int], accepted: int) -> None:
+        if self._rest.resting:
+            return
+        self._rest.committed(accepted)
         self._take_features(ctx)
 
     def finish(self, ctx: DraftContext) -> None:
-        self._tokens = list(ctx.tokens)
+        if not self._rest.resting:  # the entries describe the tokens they were fed
+            self._tokens = list(ctx.tokens)
+        if self.rest:  # read as the next request starts
+            self.wants_hidden = not self._rest.finished()
 
     @torch.inference_mode()
     def propose(self, ctx: DraftContext, budget: int) -> Draft | None:
+        if self._rest.resting:
+            return None
         head = self._head
         assert head is not None
         budget = min(budget, self.max_draft)
@@ -192,11 +198,14 @@ class EagleDrafter(Drafter):
         true = len(self._pos)
         try:
             if ctx.params.greedy:
-                nodes = self._tree(ctx, budget, pending)
-                return _as_draft(nodes, None)
-            return self._chain(ctx, budget, pending)
+                draft = as_draft(self._tree(ctx, budget, pending), None)
+            else:
+                draft = self._chain(ctx, budget, pending)
         finally:
             self._crop(true)
+        if draft is not None:
+            self._rest.drafted(ctx, len(draft))
+        return draft
 
     # -- drafting -------------------------------------------------------------------------
 
@@ -278,8 +287,8 @@ class EagleDrafter(Drafter):
             self._outs[-1] = out
         return out
 
-    def _tree(self, ctx: DraftContext, budget: int, pending: int) -> list[_Node]:
-        nodes: list[_Node] = []
+    def _tree(self, ctx: DraftContext, budget: int, pending: int) -> list[Node]:
+        nodes: list[Node] = []
         floor = math.log(self.min_prob) if self.min_prob > 0 else -math.inf
         root = self._root()[None]
         frontier = self._children(-1, root[0], self._logp(root)[0], 0.0, 1, nodes)
@@ -297,7 +306,7 @@ class EagleDrafter(Drafter):
             ]
         # the budget most probable nodes; a parent is never less probable than its child
         chosen = sorted(range(len(nodes)), key=lambda i: (-nodes[i].score, nodes[i].depth))
-        return _closed(nodes, [i for i in chosen[:budget] if nodes[i].score >= floor])
+        return closed(nodes, [i for i in chosen[:budget] if nodes[i].score >= floor])
 
     def _scores(self, feat: torch.Tensor) -> torch.Tensor:
         """The head's logits over the draft vocabulary ``[..., Vd]`` for features ``feat``."""
@@ -315,7 +324,7 @@ class EagleDrafter(Drafter):
         logp: torch.Tensor,
         score: float,
         depth: int,
-        nodes: list[_Node],
+        nodes: list[Node],
     ) -> list[int]:
         """Add the ``topk`` most probable children of ``parent`` (whose predicted feature
         ``feat`` gave ``logp`` ``[Vd]``). :returns: their node indices."""
@@ -323,11 +332,11 @@ class EagleDrafter(Drafter):
         vocab = self._head.draft_vocab  # type: ignore[union-attr]
         made = []
         for lp, i in zip(top.values.tolist(), top.indices.tolist()):
-            nodes.append(_Node(int(vocab[i]), parent, depth, score + lp, feat))
+            nodes.append(Node(int(vocab[i]), parent, depth, score + lp, feat))
             made.append(len(nodes) - 1)
         return made
 
-    def _expand(self, frontier: list[int], nodes: list[_Node], pending: int) -> torch.Tensor:
+    def _expand(self, frontier: list[int], nodes: list[Node], pending: int) -> torch.Tensor:
         """One head call for the frontier nodes' entries. :returns: their outputs ``[F, H]``."""
         base = self._cache.length
         seen = []
@@ -364,24 +373,3 @@ class EagleDrafter(Drafter):
             tok = torch.tensor([token], device=feat.device)
             feat = self._entries(feat[None], tok, [pending + position], [earlier])[0]
         return Draft.chain(tokens, q=torch.stack(rows).cpu())
-
-
-def _closed(nodes: list[_Node], chosen: list[int]) -> list[_Node]:
-    """The chosen nodes with every ancestor, parents first, re-indexed."""
-    keep: set[int] = set()
-    for i in chosen:
-        while i >= 0 and i not in keep:
-            keep.add(i)
-            i = nodes[i].parent
-    order = sorted(keep, key=lambda i: (nodes[i].depth, -nodes[i].score))
-    index = {old: new for new, old in enumerate(order)}
-    return [
-        _Node(n.token, index.get(n.parent, -1), n.depth, n.score, n.feat)
-        for n in (nodes[i] for i in order)
-    ]
-
-
-def _as_draft(nodes: list[_Node], q: torch.Tensor | None) -> Draft | None:
-    if not nodes:
-        return None
-    return Draft(tokens=[n.token for n in nodes], parents=[n.parent for n in nodes], q=q)

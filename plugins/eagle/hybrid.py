@@ -46,17 +46,22 @@ from typing import Any, ClassVar
 
 from specd import BadInputError, Draft, DraftContext, Drafter, DrafterUnavailable, make_drafter
 
+from . import rest
+
 log = logging.getLogger("specd.plugins")
 
 #: Options of parts that differ from the part's own defaults inside ``hybrid``.
 PART_DEFAULTS: dict[str, dict[str, Any]] = {"ngram": {"min_n": 2}}
+#: Options every part of these names gets unless given others, wherever it stands: hybrid
+#: decides itself when its head part rests (:meth:`HybridDrafter._rest`).
+PART_ALWAYS: dict[str, dict[str, Any]] = {"eagle": {"rest": False}}
 #: A part priced out is asked again after this many steps without it, then after twice as
 #: many each time it still does not pay, up to PROBE_MAX.
 PROBE_EVERY = 8
 PROBE_MAX = 128
 #: A feature-reading part priced out reads the features and is asked in one request of this
-#: many, and rests in the others.
-REST_EVERY = 4
+#: many, and rests in the others (as the ``eagle`` drafter named alone does, :mod:`.rest`).
+REST_EVERY = rest.REST_EVERY
 #: The weight of the latest call in a part's record and of the latest step in the step time.
 EMA = 0.3
 #: Seconds, for timing parts and steps (tests set a clock of their own).
@@ -163,7 +168,7 @@ class HybridDrafter(Drafter):
 
     def _options(self, name: str, last: bool) -> dict[str, Any]:
         given = self._given[name]
-        opts = {} if last else dict(PART_DEFAULTS.get(name, {}))
+        opts = dict(PART_ALWAYS.get(name, {})) | ({} if last else PART_DEFAULTS.get(name, {}))
         if name == "ngram" and "max_n" in given and "min_n" in opts:
             # the default never contradicts what was given: ngram.max_n=1 matches one token
             opts["min_n"] = min(opts["min_n"], int(given["max_n"]))

@@ -1,0 +1,63 @@
+"""When the ``eagle`` drafter, named alone, rests: a head whose drafts do not pay on this host
+(what its accepted tokens save is less than what its nodes add to the verify pass and its
+own calls cost, in one-token steps, as the exit policy prices them) still costs every
+request the prompt's features (the prefill's last layer over its window) and every pass its
+rows' features, and the exit policy, starting each request hopeful, pays for a few of its
+drafts before it finds them wanting. A request that ends with its drafts at a loss makes the
+next ones rest: they read no features and decode plainly, but for one in :data:`REST_EVERY`,
+which drafts again, so that a head that starts to pay (another host, other code) comes back.
+``hybrid`` decides the same for its head part itself (:mod:`.hybrid`)."""
+
+from __future__ import annotations
+
+from specd import DraftContext
+
+#: A drafter priced out at the end of a request rests in the next ones but for one in this many.
+REST_EVERY = 4
+#: The weight of the latest draft in the averages.
+EMA = 0.3
+
+
+class Rest:
+    """What a drafter's drafts were worth lately (draft tokens accepted) against what they
+    cost (in one-token steps), and whether the next request rests."""
+
+    def __init__(self) -> None:
+        self.won: float | None = None  # None: no priced draft yet
+        self.price = 0.0
+        self.rested = 0  # requests in a row that ended at a loss
+        self.resting = False  # this request rests
+        self._pending: float | None = None  # the price of the draft now being verified
+
+    def drafted(self, ctx: DraftContext, nodes: int) -> None:
+        """A draft of ``nodes`` nodes was proposed: its price, where the exit policy prices
+        passes (none where it does not: such a drafter never rests)."""
+        policy = ctx.exit_policy
+        self._pending = None
+        if policy is None or policy.pass_cost is None or nodes <= 0:
+            return
+        cost = policy.pass_cost(1 + nodes) - policy.pass_cost(1)
+        if policy.draft_cost is not None:
+            cost += policy.draft_cost(nodes)
+        self._pending = cost
+
+    def committed(self, accepted: int) -> None:
+        """The step after a priced draft accepted ``accepted`` of its tokens."""
+        if self._pending is None:
+            return
+        price, self._pending = self._pending, None
+        if self.won is None:
+            self.won, self.price = float(accepted), price
+            return
+        self.won += EMA * (accepted - self.won)
+        self.price += EMA * (price - self.price)
+
+    def finished(self) -> bool:
+        """A request ended: :returns: whether the next one rests."""
+        self._pending = None
+        if self.won is None or self.won >= self.price:
+            self.rested, self.resting = 0, False
+        else:
+            self.rested += 1
+            self.resting = self.rested % REST_EVERY != 0
+        return self.resting

@@ -1,0 +1,107 @@
+"""The ``eagle`` drafter named alone rests where its drafts do not pay
+(plugins/eagle/rest.py); ``hybrid`` decides that for its head part itself."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from specd.plugins.eagle.hybrid import HybridDrafter
+from specd.plugins.eagle.rest import REST_EVERY, Rest
+
+from specd import DraftContext, Engine, SamplingParams
+from specd.forward.pricing import PassCosts
+from specd.forward.tiny import tiny_target
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+class Prices:
+    """What an exit policy holds of this host: pass and draft prices, in one-token steps."""
+
+    def __init__(self, pass_cost, draft_cost=None) -> None:
+        self.pass_cost, self.draft_cost = pass_cost, draft_cost
+
+
+def ctx(prices) -> DraftContext:
+    return DraftContext(
+        tokens=[1], params=SamplingParams(), generator=torch.Generator(), vocab_size=8,
+        exit_policy=prices,
+    )  # fmt: skip
+
+
+def test_drafts_at_a_loss_rest_the_next_requests_but_one_in_several():
+    r, c = Rest(), ctx(Prices(lambda n: 1.0 + 0.5 * (n - 1), lambda k: 0.25 * k))
+    rests = []
+    for _ in range(2 * REST_EVERY):
+        if not r.resting:  # a request that drafts: 4 nodes priced 2 + 1 steps, 1 accepted
+            r.drafted(c, 4)
+            r.committed(1)
+        rests.append(r.finished())
+    assert rests == ([True] * (REST_EVERY - 1) + [False]) * 2
+
+
+def test_drafts_that_pay_never_rest():
+    r, c = Rest(), ctx(Prices(lambda n: 1.0 + 0.1 * (n - 1)))
+    for _ in range(3 * REST_EVERY):
+        r.drafted(c, 4)
+        r.committed(3)  # 3 tokens won for 0.4 steps
+        assert r.finished() is False
+
+
+def test_a_head_that_starts_to_pay_stops_resting():
+    r, c = Rest(), ctx(Prices(lambda n: 1.0 + 0.5 * (n - 1)))
+    r.drafted(c, 4)
+    r.committed(0)
+    assert r.finished() and r.finished() and r.finished()  # resting
+    assert not r.finished()  # the request that drafts again
+    for _ in range(6):  # its drafts win now
+        r.drafted(c, 2)
+        r.committed(2)
+    assert r.finished() is False and r.rested == 0
+
+
+def test_without_priced_passes_it_never_rests():
+    """A target whose passes are not priced (no table of this host) gives no price to weigh."""
+    r = Rest()
+    for prices in (None, Prices(None)):
+        r.drafted(ctx(prices), 4)
+        r.committed(0)
+        assert r.finished() is False
+
+
+def test_a_plain_step_after_a_draft_is_not_a_draft():
+    r, c = Rest(), ctx(Prices(lambda n: 1.0 + 0.5 * (n - 1)))
+    r.drafted(c, 2)
+    r.committed(2)
+    r.committed(0)  # a plain step: no draft was priced
+    assert r.won == 2.0
+
+
+def test_hybrid_keeps_its_head_part_from_resting_itself():
+    h = HybridDrafter(drafters="ngram,eagle", **{"eagle.head": "random"})
+    assert h.parts[1].rest is False
+    h = HybridDrafter(drafters="ngram,eagle", **{"eagle.head": "random", "eagle.rest": "true"})
+    assert h.parts[1].rest is True  # what was given wins
+
+
+def test_eagle_alone_rests_its_features_and_drafts_where_they_do_not_pay(monkeypatch):
+    """Guards against a head that does not pay on this host making every request slower than
+    plain decoding (the prompt's features, a hopeful first draft, probes), and against one
+    that rests for good: it reads features and drafts in one request of REST_EVERY; every
+    request writes plain decoding's tokens."""
+    target = tiny_target(48, seed=2, logit_scale=30.0, num_layers=2)
+    costs = PassCosts({1: 1.0, 2: 3.0, 3: 5.0})  # priced: each node costs 2 steps
+    monkeypatch.setattr(target, "pass_costs", costs)
+    monkeypatch.setattr(target, "price_passes", lambda: costs)
+    e = Engine(target, drafter_options={"eagle": {"head": "random"}})
+    drafter = e.plugins.drafter("eagle")
+    assert drafter is not None
+    params = SamplingParams(max_tokens=24)
+    seen = []
+    for i in range(2 * REST_EVERY):
+        prompt = [(3 * i + j) % 48 for j in range(12)]
+        reads = drafter.wants_hidden
+        out = e.generate(prompt, params, drafter="eagle")
+        assert out.token_ids == e.generate(prompt, params, drafter="none").token_ids
+        seen.append((reads, out.stats.drafted > 0))
+    assert seen == ([(True, True)] + [(False, False)] * (REST_EVERY - 1)) * 2
