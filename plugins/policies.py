@@ -51,6 +51,7 @@ class AdaptivePolicy(ExitPolicy):
     :param ema: the weight of the latest step in the acceptance rates it tracks."""
 
     name = "adaptive"
+    prices_drafts = True
 
     def __init__(
         self,

@@ -137,6 +137,11 @@ class ExitPolicy:
     #: (``specd.speculation.DraftClock``). Set by the engine beside :attr:`pass_cost`; None
     #: where passes are not priced.
     draft_cost: Callable[[int], float] | None = None
+    #: Whether the policy weighs drafts against what they cost (:attr:`pass_cost`,
+    #: :attr:`draft_cost`) and stops drafting where they do not pay. A drafter may then rest
+    #: across requests where its drafts did not (``eagle``); under a policy that drafts
+    #: whatever it costs (``fixed``), it drafts in every request.
+    prices_drafts: ClassVar[bool] = False
 
     def start(self, max_budget: int) -> None:
         """A request starts; budgets must stay within ``max_budget``."""

@@ -16,7 +16,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class Prices:
-    """What an exit policy holds of this host: pass and draft prices, in one-token steps."""
+    """What an exit policy that weighs drafts holds of this host: pass and draft prices, in
+    one-token steps."""
+
+    prices_drafts = True
 
     def __init__(self, pass_cost, draft_cost=None) -> None:
         self.pass_cost, self.draft_cost = pass_cost, draft_cost
@@ -60,10 +63,13 @@ def test_a_head_that_starts_to_pay_stops_resting():
     assert r.finished() is False and r.rested == 0
 
 
-def test_without_priced_passes_it_never_rests():
-    """A target whose passes are not priced (no table of this host) gives no price to weigh."""
+def test_without_priced_passes_or_a_policy_that_weighs_them_it_never_rests():
+    """A target whose passes are not priced (no table of this host) gives no price to weigh;
+    a policy that drafts whatever it costs (``fixed``) asks for drafts in every request."""
     r = Rest()
-    for prices in (None, Prices(None)):
+    unweighed = Prices(lambda n: 1.0 + 0.5 * (n - 1))
+    unweighed.prices_drafts = False
+    for prices in (None, Prices(None), unweighed):
         r.drafted(ctx(prices), 4)
         r.committed(0)
         assert r.finished() is False
@@ -93,7 +99,16 @@ def test_eagle_alone_rests_its_features_and_drafts_where_they_do_not_pay(monkeyp
     costs = PassCosts({1: 1.0, 2: 3.0, 3: 5.0})  # priced: each node costs 2 steps
     monkeypatch.setattr(target, "pass_costs", costs)
     monkeypatch.setattr(target, "price_passes", lambda: costs)
-    e = Engine(target, drafter_options={"eagle": {"head": "random"}})
+    seen = _requests(Engine(target, drafter_options={"eagle": {"head": "random"}}))
+    assert seen == ([(True, True)] + [(False, False)] * (REST_EVERY - 1)) * 2
+    # under a policy that drafts whatever it costs, every request reads features and drafts
+    fixed = Engine(target, drafter_options={"eagle": {"head": "random"}}, exit_policy="fixed")
+    assert _requests(fixed) == [(True, True)] * 2 * REST_EVERY
+
+
+def _requests(e: Engine) -> list[tuple[bool, bool]]:
+    """2 REST_EVERY requests with eagle: whether each read features and drafted; each
+    wrote plain decoding's tokens."""
     drafter = e.plugins.drafter("eagle")
     assert drafter is not None
     params = SamplingParams(max_tokens=24)
@@ -104,4 +119,4 @@ def test_eagle_alone_rests_its_features_and_drafts_where_they_do_not_pay(monkeyp
         out = e.generate(prompt, params, drafter="eagle")
         assert out.token_ids == e.generate(prompt, params, drafter="none").token_ids
         seen.append((reads, out.stats.drafted > 0))
-    assert seen == ([(True, True)] + [(False, False)] * (REST_EVERY - 1)) * 2
+    return seen

@@ -30,11 +30,12 @@ class Rest:
         self._pending: float | None = None  # the price of the draft now being verified
 
     def drafted(self, ctx: DraftContext, nodes: int) -> None:
-        """A draft of ``nodes`` nodes was proposed: its price, where the exit policy prices
-        passes (none where it does not: such a drafter never rests)."""
+        """A draft of ``nodes`` nodes was proposed: its price, where the exit policy weighs
+        drafts against their cost and passes are priced (none elsewhere: a drafter under
+        ``fixed``, or on a target whose passes are not priced, never rests)."""
         policy = ctx.exit_policy
         self._pending = None
-        if policy is None or policy.pass_cost is None or nodes <= 0:
+        if policy is None or not policy.prices_drafts or policy.pass_cost is None or nodes <= 0:
             return
         cost = policy.pass_cost(1 + nodes) - policy.pass_cost(1)
         if policy.draft_cost is not None:
