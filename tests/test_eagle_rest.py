@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from specd.plugins.eagle.drafter import EagleDrafter
 from specd.plugins.eagle.hybrid import HybridDrafter
 from specd.plugins.eagle.rest import REST_EVERY, Rest
 
-from specd import DraftContext, Engine, SamplingParams
+from specd import BadInputError, DraftContext, Engine, SamplingParams
 from specd.forward.pricing import PassCosts
 from specd.forward.tiny import tiny_target
 
@@ -86,8 +87,13 @@ def test_a_plain_step_after_a_draft_is_not_a_draft():
 def test_hybrid_keeps_its_head_part_from_resting_itself():
     h = HybridDrafter(drafters="ngram,eagle", **{"eagle.head": "random"})
     assert h.parts[1].rest is False
-    h = HybridDrafter(drafters="ngram,eagle", **{"eagle.head": "random", "eagle.rest": "true"})
+    h = HybridDrafter(drafters="ngram,eagle", **{"eagle.head": "random", "eagle.rest": True})
     assert h.parts[1].rest is True  # what was given wins
+
+
+def test_a_rest_option_that_is_no_boolean_is_refused():
+    with pytest.raises(BadInputError, match="eagle option rest='maybe'"):
+        EagleDrafter(head="random", rest="maybe")  # type: ignore[arg-type]
 
 
 def test_eagle_alone_rests_its_features_and_drafts_where_they_do_not_pay(monkeypatch):

@@ -81,7 +81,9 @@ class EagleDrafter(Drafter):
         self.feature_rows = self.window  # older features are never fed (_feed)
         self.max_draft = int(max_draft)
         self.min_prob = float(min_prob)
-        self.rest = str(rest).lower() not in ("false", "0", "no", "off")  # options may be text
+        if not isinstance(rest, bool):
+            raise BadInputError(f"eagle option rest={rest!r}: expected true or false")
+        self.rest = rest
         self._rest = Rest()
         self._for: Target | None = None
         self._head: EagleHead | None = None
