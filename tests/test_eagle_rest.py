@@ -76,6 +76,20 @@ def test_without_priced_passes_or_a_policy_that_weighs_them_it_never_rests():
         assert r.finished() is False
 
 
+def test_a_request_under_a_policy_that_does_not_weigh_drafts_never_rests():
+    """Whatever the requests before it decided: a ``fixed`` request drafts, and counts as no
+    loss for the ones after it."""
+    r, c = Rest(), ctx(Prices(lambda n: 1.0 + 0.5 * (n - 1)))
+    assert r.start(c) is False
+    r.drafted(c, 4)
+    r.committed(0)
+    assert r.finished() is True and r.start(c) is True  # at a loss: the next one rests
+    unweighed = Prices(lambda n: 1.0 + 0.5 * (n - 1))
+    unweighed.prices_drafts = False
+    assert r.start(ctx(unweighed)) is False
+    assert r.finished() is False and r.rested == 0
+
+
 def test_a_plain_step_after_a_draft_is_not_a_draft():
     r, c = Rest(), ctx(Prices(lambda n: 1.0 + 0.5 * (n - 1)))
     r.drafted(c, 2)
@@ -110,6 +124,16 @@ def test_eagle_alone_rests_its_features_and_drafts_where_they_do_not_pay(monkeyp
     # under a policy that drafts whatever it costs, every request reads features and drafts
     fixed = Engine(target, drafter_options={"eagle": {"head": "random"}}, exit_policy="fixed")
     assert _requests(fixed) == [(True, True)] * 2 * REST_EVERY
+    # a request under `fixed` on the engine whose requests rested it drafts all the same,
+    # from the features of its first pass on (its prompt's were not read)
+    engine = Engine(target, drafter_options={"eagle": {"head": "random"}})
+    params = SamplingParams(max_tokens=24)
+    prompt = list(range(5, 17))
+    assert engine.generate(prompt[::-1], params, drafter="eagle").stats.drafted > 0
+    assert engine.plugins.drafter("eagle").wants_hidden is False  # the next request rests
+    out = engine.generate(prompt, params, drafter="eagle", exit_policy="fixed")
+    assert out.stats.drafted > 0
+    assert out.token_ids == engine.generate(prompt, params, drafter="none").token_ids
 
 
 def _requests(e: Engine) -> list[tuple[bool, bool]]:

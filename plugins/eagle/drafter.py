@@ -154,8 +154,11 @@ class EagleDrafter(Drafter):
     def start(self, ctx: DraftContext) -> None:
         if ctx.target is None:
             raise RuntimeError("eagle needs the target")
-        if self._rest.resting:  # no features were read: it drafts nothing this request
+        rested = self._rest.resting
+        if self._rest.start(ctx):  # no features were read: it drafts nothing this request
             return
+        if rested:  # under a policy that drafts whatever it costs: features from the first pass
+            self.wants_hidden = True
         self._load(ctx.target)
         # keep the entries of the longest common prefix: entry p describes tokens p, p + 1
         same = 0

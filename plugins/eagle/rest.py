@@ -27,7 +27,17 @@ class Rest:
         self.price = 0.0
         self.rested = 0  # requests in a row that ended at a loss
         self.resting = False  # this request rests
+        self.weighs = True  # this request's exit policy weighs drafts
         self._pending: float | None = None  # the price of the draft now being verified
+
+    def start(self, ctx: DraftContext) -> bool:
+        """A request starts: :returns: whether it rests. One whose exit policy does not weigh
+        drafts (``fixed``) never does, whatever the requests before it decided."""
+        policy = ctx.exit_policy
+        self.weighs = policy is not None and policy.prices_drafts
+        if not self.weighs:
+            self.resting = False
+        return self.resting
 
     def drafted(self, ctx: DraftContext, nodes: int) -> None:
         """A draft of ``nodes`` nodes was proposed: its price, where the exit policy weighs
@@ -56,7 +66,7 @@ class Rest:
     def finished(self) -> bool:
         """A request ended: :returns: whether the next one rests."""
         self._pending = None
-        if self.won is None or self.won >= self.price:
+        if not self.weighs or self.won is None or self.won >= self.price:
             self.rested, self.resting = 0, False
         else:
             self.rested += 1
