@@ -262,16 +262,16 @@ class EagleDrafter(Drafter):
         # the oldest true entry still attended to: the ones before it are left out of the
         # attention (columns of the mask count from it)
         lo = min(max(0, true - self.window), old)
-        if ancestors is None:
-            mask = torch.ones(t, s - lo, dtype=torch.bool, device=x.device).tril_(s - lo - t)
-        else:
+        mask: torch.Tensor | None = None  # causal: the head builds it where rows need it
+        if ancestors is not None:
             mask = torch.zeros(t, s - lo, dtype=torch.bool, device=x.device)
             mask[:, : true - lo] = True
             for row, seen in enumerate(ancestors):
                 mask[row, [i - lo for i in seen]] = True  # draft entries: past the true ones
                 mask[row, old + row - lo] = True
-        if last_only:
-            x, q, mask = x[:, -1:], q[:, :, -1:], mask[-1:]
+        if last_only:  # (the last of a causal batch sees every entry attended to)
+            x, q = x[:, -1:], q[:, :, -1:]
+            mask = None if mask is None else mask[-1:]
         return head.finish(x, q, keys[:, :, lo:], values[:, :, lo:], mask)[0]
 
     def _root(self) -> torch.Tensor:
@@ -287,8 +287,7 @@ class EagleDrafter(Drafter):
             x = head.entries(self._ins[-1][None, None], self._embed[tok][None])
             q, _, _ = head.keys_values(x, torch.tensor([p], device=x.device))
             lo = max(0, n - 1 - self.window)  # the entries it attends to: the window's
-            mask = torch.ones(1, n - lo, dtype=torch.bool, device=x.device)
-            out = head.finish(x, q, layer.keys[:, :, lo:n], layer.values[:, :, lo:n], mask)[0, 0]
+            out = head.finish(x, q, layer.keys[:, :, lo:n], layer.values[:, :, lo:n], None)[0, 0]
             self._outs[-1] = out
         return out
 

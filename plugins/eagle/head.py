@@ -134,11 +134,15 @@ class EagleHead(nn.Module):
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.config.eps)
         return w * xf.to(x.dtype)
 
-    def _rope(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """x: ``[B, h, T, D]``, pos: ``[T]`` absolute positions."""
+    def _angles(self, pos: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rotary embedding's cosines and sines ``[T, D]`` at absolute positions ``pos``."""
         ang = pos.to(self.inv_freq.dtype)[:, None] * self.inv_freq[None]  # [T, D/2]
         ang = torch.cat([ang, ang], dim=-1)
-        cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
+        return ang.cos().to(dtype), ang.sin().to(dtype)
+
+    @staticmethod
+    def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x: ``[B, h, T, D]`` rotated by ``_angles``' cosines and sines."""
         half = x.shape[-1] // 2
         return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
@@ -157,7 +161,8 @@ class EagleHead(nn.Module):
         q = q.reshape(b, t, c.heads, c.head_dim).transpose(1, 2)
         k = k.reshape(b, t, c.kv_heads, c.head_dim).transpose(1, 2)
         v = v.reshape(b, t, c.kv_heads, c.head_dim).transpose(1, 2)
-        return self._rope(q, pos), self._rope(k, pos), v
+        cos, sin = self._angles(pos, x.dtype)  # once for both
+        return self._rope(q, cos, sin), self._rope(k, cos, sin), v
 
     def finish(
         self,
@@ -168,19 +173,21 @@ class EagleHead(nn.Module):
         mask: torch.Tensor | None,
     ) -> torch.Tensor:
         """Attention of ``q`` over ``keys``/``values`` (``mask``: ``[T, S]`` bool, True =
-        may attend; None = causal with the queries last), then the MLP.
-        :returns: predicted next features ``[B, T, H]``."""
+        may attend; None = causal with the queries last: one query sees every key), then the
+        MLP. :returns: predicted next features ``[B, T, H]``."""
         c = self.config
         b, t, _ = x.shape
         rep = c.heads // c.kv_heads
         s = keys.shape[2]
-        if mask is None:
-            mask = torch.ones(t, s, dtype=torch.bool, device=x.device).tril_(s - t)
-        # Additive, and grouped-query attention on the key/value heads (each group's query
-        # heads as rows): on CPU a boolean mask, or keys repeated per query head, sent
-        # attention down a path several times slower.
-        add = torch.zeros(t, s, dtype=q.dtype, device=q.device)
-        add = add.masked_fill_(~mask, torch.finfo(q.dtype).min).repeat(rep, 1)
+        add = None  # one causal query: no mask to build (a drafter's step feeds one entry)
+        if mask is not None or t > 1:
+            if mask is None:
+                mask = torch.ones(t, s, dtype=torch.bool, device=x.device).tril_(s - t)
+            # Additive, and grouped-query attention on the key/value heads (each group's
+            # query heads as rows): on CPU a boolean mask, or keys repeated per query head,
+            # sent attention down a path several times slower.
+            add = torch.zeros(t, s, dtype=q.dtype, device=q.device)
+            add = add.masked_fill_(~mask, torch.finfo(q.dtype).min).repeat(rep, 1)
         rows = q.reshape(b, c.kv_heads, rep * t, c.head_dim)
         o = F.scaled_dot_product_attention(rows, keys, values, attn_mask=add)
         o = o.view(b, c.heads, t, c.head_dim)
