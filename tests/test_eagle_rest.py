@@ -7,7 +7,7 @@ import pytest
 import torch
 from specd.plugins.eagle.drafter import EagleDrafter
 from specd.plugins.eagle.hybrid import HybridDrafter
-from specd.plugins.eagle.rest import REST_EVERY, Rest
+from specd.plugins.eagle.rest import REST_EVERY, REST_MAX, Rest
 
 from specd import BadInputError, DraftContext, Engine, SamplingParams
 from specd.forward.pricing import PassCosts
@@ -33,15 +33,19 @@ def ctx(prices) -> DraftContext:
     )  # fmt: skip
 
 
-def test_drafts_at_a_loss_rest_the_next_requests_but_one_in_several():
+def test_drafts_at_a_loss_rest_the_next_requests_in_runs_that_grow():
+    """3 requests rest, one drafts, then 7, 15, and 31 at most between two that draft."""
     r, c = Rest(), ctx(Prices(lambda n: 1.0 + 0.5 * (n - 1), lambda k: 0.25 * k))
-    rests = []
-    for _ in range(2 * REST_EVERY):
+    drafting = []
+    for i in range(120):
         if not r.resting:  # a request that drafts: 4 nodes priced 2 + 1 steps, 1 accepted
+            drafting.append(i)
             r.drafted(c, 4)
             r.committed(1)
-        rests.append(r.finished())
-    assert rests == ([True] * (REST_EVERY - 1) + [False]) * 2
+        r.finished()
+    runs = [b - a - 1 for a, b in zip(drafting, drafting[1:])]
+    assert runs == [REST_EVERY - 1, 7, 15, REST_MAX - 1, REST_MAX - 1]
+    assert REST_EVERY == 4 and REST_MAX == 32
 
 
 def test_drafts_that_pay_never_rest():
@@ -61,7 +65,11 @@ def test_a_head_that_starts_to_pay_stops_resting():
     for _ in range(6):  # its drafts win now
         r.drafted(c, 2)
         r.committed(2)
-    assert r.finished() is False and r.rested == 0
+    assert r.finished() is False and r.rested == r.run == 0
+    for _ in range(6):  # a loss again: the shortest run of rests, not a longer one
+        r.drafted(c, 4)
+        r.committed(0)
+    assert r.finished() and r.run == REST_EVERY - 1
 
 
 def test_without_priced_passes_or_a_policy_that_weighs_them_it_never_rests():
@@ -113,14 +121,16 @@ def test_a_rest_option_that_is_no_boolean_is_refused():
 def test_eagle_alone_rests_its_features_and_drafts_where_they_do_not_pay(monkeypatch):
     """Guards against a head that does not pay on this host making every request slower than
     plain decoding (the prompt's features, a hopeful first draft, probes), and against one
-    that rests for good: it reads features and drafts in one request of REST_EVERY; every
-    request writes plain decoding's tokens."""
+    that rests for good: it reads features and drafts in the first request and again after
+    REST_EVERY - 1 that rest; every request writes plain decoding's tokens."""
     target = tiny_target(48, seed=2, logit_scale=30.0, num_layers=2)
     costs = PassCosts({1: 1.0, 2: 3.0, 3: 5.0})  # priced: each node costs 2 steps
     monkeypatch.setattr(target, "pass_costs", costs)
     monkeypatch.setattr(target, "price_passes", lambda: costs)
     seen = _requests(Engine(target, drafter_options={"eagle": {"head": "random"}}))
-    assert seen == ([(True, True)] + [(False, False)] * (REST_EVERY - 1)) * 2
+    assert seen == ([(True, True)] + [(False, False)] * (REST_EVERY - 1)) + [(True, True)] + [
+        (False, False)
+    ] * (REST_EVERY - 1)
     # under a policy that drafts whatever it costs, every request reads features and drafts
     fixed = Engine(target, drafter_options={"eagle": {"head": "random"}}, exit_policy="fixed")
     assert _requests(fixed) == [(True, True)] * 2 * REST_EVERY

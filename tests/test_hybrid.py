@@ -7,7 +7,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from specd.plugins.eagle import hybrid as hybrid_module
-from specd.plugins.eagle.hybrid import PROBE_EVERY, REST_EVERY, HybridDrafter, Record, merge
+from specd.plugins.eagle.hybrid import (
+    PROBE_EVERY,
+    REST_EVERY,
+    REST_MAX,
+    HybridDrafter,
+    Record,
+    merge,
+)
 
 from specd import (
     BadInputError,
@@ -172,27 +179,29 @@ def test_a_part_that_pays_again_is_probed_soon_after_it_stops(monkeypatch):
     assert len(second.budgets) > asked
 
 
-def test_a_priced_out_feature_reader_rests_its_features_but_for_one_request_in_several(
-    monkeypatch,
-):
+def test_a_priced_out_feature_reader_rests_its_features_in_runs_that_grow(monkeypatch):
     """Guards against a head that does not pay on this host still costing every request its
     prompt's features (the prefill's last layer over its window) and every pass its rows'
     features, and against one that rests for good (it would never be found paying again):
-    it reads them, and is asked at the first step, in one request of REST_EVERY."""
+    it reads them, and is asked at the first step, in the first request, after REST_EVERY - 1
+    that rest, then after 7, 15, and REST_MAX - 1 at most."""
     h, (first, second) = hybrid(None, Draft.chain([9, 9]))
     second.wants_hidden = True
     second.feature_rows = 32  # type: ignore[attr-defined]
     h._features()
     assert h.wants_hidden and h.feature_rows == 32
     reads = []
-    for _ in range(2 * REST_EVERY):
+    for _ in range(100):
         asked = len(second.budgets)
         steps(monkeypatch, h, 0, 3, Clock())  # accepted nothing: priced out
         reads.append((h.wants_hidden, len(second.budgets) > asked))
         h.finish(ctx())
-    # the first request asks it; then it rests, but for one request in REST_EVERY
-    assert reads == ([(True, True)] + [(False, False)] * (REST_EVERY - 1)) * 2
-    assert len(first.budgets) == 3 * 2 * REST_EVERY  # the first part drafts all along
+    # each request that reads the features asks it; the others neither read nor ask
+    assert all(read == asked for read, asked in reads)
+    asking = [i for i, (read, _) in enumerate(reads) if read]
+    runs = [b - a - 1 for a, b in zip(asking, asking[1:])]
+    assert asking[0] == 0 and runs == [REST_EVERY - 1, 7, 15, REST_MAX - 1, REST_MAX - 1]
+    assert len(first.budgets) == 3 * 100  # the first part drafts all along
     steps(monkeypatch, h, 0, 1, Clock())
     h.records[1].tokens = 5.0  # it paid at the last call: reads them in every request
     h.finish(ctx())

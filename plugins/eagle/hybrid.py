@@ -33,8 +33,9 @@ A part that reads the target's features (``eagle``) costs a request more than it
 the prefill computes the prompt's features for it (the last layer over its window of
 prompt tokens) and every verify pass returns its rows' features. While such a part is
 priced out at the end of a request it rests: the next requests read no features and draft
-without it, but one request in :data:`REST_EVERY` reads them and asks it at its first step,
-so that it comes back where it starts to pay.
+without it. After :data:`REST_EVERY` - 1 of them one reads them and asks it at its first step,
+so that it comes back where it starts to pay; each such request that ends with it still priced
+out doubles the next run of rests (up to :data:`REST_MAX` - 1), as for ``eagle`` alone.
 """
 
 from __future__ import annotations
@@ -59,9 +60,11 @@ PART_ALWAYS: dict[str, dict[str, Any]] = {"eagle": {"rest": False}}
 #: many each time it still does not pay, up to PROBE_MAX.
 PROBE_EVERY = 8
 PROBE_MAX = 128
-#: A feature-reading part priced out reads the features and is asked in one request of this
-#: many, and rests in the others (as the ``eagle`` drafter named alone does, :mod:`.rest`).
+#: A feature-reading part priced out rests in the next REST_EVERY - 1 requests, then in runs
+#: twice as long each time it is still priced out, up to REST_MAX - 1 (as the ``eagle``
+#: drafter named alone does, :mod:`.rest`).
 REST_EVERY = rest.REST_EVERY
+REST_MAX = rest.REST_MAX
 #: The weight of the latest call in a part's record and of the latest step in the step time.
 EMA = 0.3
 #: Seconds, for timing parts and steps (tests set a clock of their own).
@@ -77,7 +80,8 @@ class Record:
         self.nodes = 0.0
         self.seconds = 0.0
         self.skipped = 0  # steps it was priced out since it was last asked
-        self.rested = 0  # requests in a row that ended with it priced out
+        self.rested = 0  # requests rested in the current run
+        self.run = 0  # the current run's length (0: it paid at the end of the last request)
         self.wait = PROBE_EVERY  # steps priced out before it is asked again
         self.price = 0.0  # what its last call had to win, in steps
 
@@ -313,18 +317,22 @@ class HybridDrafter(Drafter):
 
     def _rest(self) -> None:
         """After a request: a feature-reading part after the first that ends it priced out
-        rests in the next requests, but for one in REST_EVERY, where it reads the features
-        and is asked at its first step; one that pays reads them in every request."""
-        self._resting = set()
+        rests in the next requests (a run of them, longer after each request that asks it
+        again and ends with it still priced out), then reads the features and is asked at
+        the first step of one; one that pays reads them in every request."""
+        rested, self._resting = self._resting, set()
         for i, part in enumerate(self.parts):
             rec = self.records[i]
             if i == 0 or not part.wants_hidden:
                 continue
             if rec.tokens is None or rec.tokens >= rec.price:
-                rec.rested = 0
+                rec.rested = rec.run = 0
                 continue
-            rec.rested += 1
-            if rec.rested % REST_EVERY:
+            if i in rested:
+                rec.rested += 1
+            else:  # it read features this request, and ends it priced out
+                rec.rested, rec.run = 0, rest.next_run(rec.run)
+            if rec.rested < rec.run:
                 self._resting.add(i)
             else:
                 rec.skipped = rec.wait  # a probe at the first step it can draft

@@ -4,18 +4,28 @@ own calls cost, in one-token steps, as the exit policy prices them) still costs 
 request the prompt's features (the prefill's last layer over its window) and every pass its
 rows' features, and the exit policy, starting each request hopeful, pays for a few of its
 drafts before it finds them wanting. A request that ends with its drafts at a loss makes the
-next ones rest: they read no features and decode plainly, but for one in :data:`REST_EVERY`,
-which drafts again, so that a head that starts to pay (another host, other code) comes back.
+next ones rest: they read no features and decode plainly. After :data:`REST_EVERY` - 1 of them
+one drafts again, so that a head that starts to pay (another host, other code) comes back;
+each such request that still ends at a loss doubles the next run of rests (3, 7, 15, up to
+:data:`REST_MAX` - 1), so that a head that never pays here costs one request in a few dozen.
 ``hybrid`` decides the same for its head part itself (:mod:`.hybrid`)."""
 
 from __future__ import annotations
 
 from specd import DraftContext
 
-#: A drafter priced out at the end of a request rests in the next ones but for one in this many.
+#: A drafter priced out at the end of a request rests in the next REST_EVERY - 1 requests.
 REST_EVERY = 4
+#: The most requests from one that drafts to the next while drafts do not pay.
+REST_MAX = 32
 #: The weight of the latest draft in the averages.
 EMA = 0.3
+
+
+def next_run(run: int) -> int:
+    """Requests to rest after one that drafted and ended at a loss, the last run of rests
+    having been ``run`` requests (0: none since drafts last paid)."""
+    return REST_EVERY - 1 if run == 0 else min(2 * run + 1, REST_MAX - 1)
 
 
 class Rest:
@@ -25,7 +35,8 @@ class Rest:
     def __init__(self) -> None:
         self.won: float | None = None  # None: no priced draft yet
         self.price = 0.0
-        self.rested = 0  # requests in a row that ended at a loss
+        self.rested = 0  # requests rested in the current run
+        self.run = 0  # the current run's length (0: drafts paid at the last count)
         self.resting = False  # this request rests
         self.weighs = True  # this request's exit policy weighs drafts
         self._pending: float | None = None  # the price of the draft now being verified
@@ -67,8 +78,11 @@ class Rest:
         """A request ended: :returns: whether the next one rests."""
         self._pending = None
         if not self.weighs or self.won is None or self.won >= self.price:
-            self.rested, self.resting = 0, False
-        else:
+            self.rested, self.run, self.resting = 0, 0, False
+            return False
+        if self.resting:
             self.rested += 1
-            self.resting = self.rested % REST_EVERY != 0
+        else:  # it drafted, at a loss: a run of rests, longer than the last
+            self.rested, self.run = 0, next_run(self.run)
+        self.resting = self.rested < self.run
         return self.resting
