@@ -98,6 +98,19 @@ def test_a_request_under_a_policy_that_does_not_weigh_drafts_never_rests():
     assert r.finished() is False and r.rested == 0
 
 
+def test_a_request_that_drafts_nothing_leaves_the_next_to_draft():
+    """Only a request that drafted at a loss starts or lengthens a run of rests: one that
+    was to draft again and did not (too short a request) hands that to the next."""
+    r, c = Rest(), ctx(Prices(lambda n: 1.0 + 0.5 * (n - 1)))
+    r.drafted(c, 4)
+    r.committed(0)
+    assert [r.finished() for _ in range(REST_EVERY)] == [True] * (REST_EVERY - 1) + [False]
+    assert r.finished() is False  # it drafted nothing: the next one drafts
+    r.drafted(c, 4)
+    r.committed(0)
+    assert r.finished() is True and r.run == 7
+
+
 def test_a_plain_step_after_a_draft_is_not_a_draft():
     r, c = Rest(), ctx(Prices(lambda n: 1.0 + 0.5 * (n - 1)))
     r.drafted(c, 2)

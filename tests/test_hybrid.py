@@ -179,6 +179,30 @@ def test_a_part_that_pays_again_is_probed_soon_after_it_stops(monkeypatch):
     assert len(second.budgets) > asked
 
 
+def test_a_request_that_never_asks_the_resting_part_leaves_the_probe_to_the_next(monkeypatch):
+    """A run of rests grows only after a request that asked the part: where the n-gram
+    drafts were long enough all through the request that was to probe it, the next probes."""
+    h, (first, second) = hybrid(None, Draft.chain([9, 9]))
+    second.wants_hidden = True
+    h._features()
+    reads = []
+    for _ in range(REST_EVERY):
+        steps(monkeypatch, h, 0, 3, Clock())  # asked in the first, priced out: 3 rest
+        h.finish(ctx())
+        reads.append(h.wants_hidden)
+    assert reads == [False] * (REST_EVERY - 1) + [True]
+    first.draft = Draft.chain([5, 6, 7])  # long enough: the probe request never asks it
+    asked = len(second.budgets)
+    steps(monkeypatch, h, 0, 3, Clock())
+    h.finish(ctx())
+    assert len(second.budgets) == asked and h.wants_hidden  # the next request probes
+    assert h.records[1].run == REST_EVERY - 1
+    first.draft = None
+    steps(monkeypatch, h, 0, 3, Clock())  # asked, still priced out: a run twice as long
+    h.finish(ctx())
+    assert len(second.budgets) > asked and not h.wants_hidden and h.records[1].run == 7
+
+
 def test_a_priced_out_feature_reader_rests_its_features_in_runs_that_grow(monkeypatch):
     """Guards against a head that does not pay on this host still costing every request its
     prompt's features (the prefill's last layer over its window) and every pass its rows'

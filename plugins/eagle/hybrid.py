@@ -82,10 +82,12 @@ class Record:
         self.skipped = 0  # steps it was priced out since it was last asked
         self.rested = 0  # requests rested in the current run
         self.run = 0  # the current run's length (0: it paid at the end of the last request)
+        self.asked = False  # it was asked in this request
         self.wait = PROBE_EVERY  # steps priced out before it is asked again
         self.price = 0.0  # what its last call had to win, in steps
 
     def add(self, tokens: float, nodes: int, seconds: float) -> None:
+        self.asked = True
         if self.tokens is None:
             self.tokens, self.nodes, self.seconds = tokens, float(nodes), seconds
             return
@@ -325,13 +327,15 @@ class HybridDrafter(Drafter):
             rec = self.records[i]
             if i == 0 or not part.wants_hidden:
                 continue
+            asked, rec.asked = rec.asked, False
             if rec.tokens is None or rec.tokens >= rec.price:
                 rec.rested = rec.run = 0
                 continue
             if i in rested:
                 rec.rested += 1
-            else:  # it read features this request, and ends it priced out
+            elif asked:  # it read features and was asked this request, and ends it priced out
                 rec.rested, rec.run = 0, rest.next_run(rec.run)
+            # (read but never asked, the n-gram drafts long enough: the next request probes)
             if rec.rested < rec.run:
                 self._resting.add(i)
             else:

@@ -39,6 +39,7 @@ class Rest:
         self.run = 0  # the current run's length (0: drafts paid at the last count)
         self.resting = False  # this request rests
         self.weighs = True  # this request's exit policy weighs drafts
+        self.priced = 0  # drafts priced in this request
         self._pending: float | None = None  # the price of the draft now being verified
 
     def start(self, ctx: DraftContext) -> bool:
@@ -62,6 +63,7 @@ class Rest:
         if policy.draft_cost is not None:
             cost += policy.draft_cost(nodes)
         self._pending = cost
+        self.priced += 1
 
     def committed(self, accepted: int) -> None:
         """The step after a priced draft accepted ``accepted`` of its tokens."""
@@ -77,12 +79,14 @@ class Rest:
     def finished(self) -> bool:
         """A request ended: :returns: whether the next one rests."""
         self._pending = None
+        priced, self.priced = self.priced, 0
         if not self.weighs or self.won is None or self.won >= self.price:
             self.rested, self.run, self.resting = 0, 0, False
             return False
         if self.resting:
             self.rested += 1
-        else:  # it drafted, at a loss: a run of rests, longer than the last
+        elif priced:  # it drafted, at a loss: a run of rests, longer than the last
             self.rested, self.run = 0, next_run(self.run)
+        # (a request that drafted nothing, too short or paused throughout: the next one drafts)
         self.resting = self.rested < self.run
         return self.resting
