@@ -66,7 +66,9 @@ class HeadConfig:
 
 class EagleHead(nn.Module):
     """:param config: shapes. :param draft_vocab: ``[Vd]`` target token ids the head may
-    propose (the most frequent next tokens of the training corpus)."""
+    propose (the most frequent next tokens of the training corpus). :param init: initialise
+    the linear layers' weights at random; without it they are left to ``load_state_dict(...,
+    assign=True)`` (a head loaded from its file: the random draws took ~30 ms of a load)."""
 
     draft_vocab: torch.Tensor  # [Vd] buffers, declared for type checkers
     inv_freq: torch.Tensor  # [D / 2]
@@ -80,20 +82,25 @@ class EagleHead(nn.Module):
     small: dict[nn.Module, Any]
     few_rows = 0
 
-    def __init__(self, config: HeadConfig, draft_vocab: torch.Tensor) -> None:
+    def __init__(self, config: HeadConfig, draft_vocab: torch.Tensor, init: bool = True) -> None:
         super().__init__()
         c = config
         self.config = c
-        self.fc = nn.Linear(2 * c.hidden, c.hidden, bias=False)
+        at = None if init else torch.device("meta")  # no storage, no random draws
+
+        def linear(inputs: int, outputs: int) -> nn.Linear:
+            return nn.Linear(inputs, outputs, bias=False, device=at)
+
+        self.fc = linear(2 * c.hidden, c.hidden)
         self.ln1 = nn.Parameter(torch.ones(c.hidden))
         self.ln2 = nn.Parameter(torch.ones(c.hidden))
-        self.wq = nn.Linear(c.hidden, c.heads * c.head_dim, bias=False)
-        self.wk = nn.Linear(c.hidden, c.kv_heads * c.head_dim, bias=False)
-        self.wv = nn.Linear(c.hidden, c.kv_heads * c.head_dim, bias=False)
-        self.wo = nn.Linear(c.heads * c.head_dim, c.hidden, bias=False)
-        self.gate = nn.Linear(c.hidden, c.intermediate, bias=False)
-        self.up = nn.Linear(c.hidden, c.intermediate, bias=False)
-        self.down = nn.Linear(c.intermediate, c.hidden, bias=False)
+        self.wq = linear(c.hidden, c.heads * c.head_dim)
+        self.wk = linear(c.hidden, c.kv_heads * c.head_dim)
+        self.wv = linear(c.hidden, c.kv_heads * c.head_dim)
+        self.wo = linear(c.heads * c.head_dim, c.hidden)
+        self.gate = linear(c.hidden, c.intermediate)
+        self.up = linear(c.hidden, c.intermediate)
+        self.down = linear(c.intermediate, c.hidden)
         self.register_buffer("draft_vocab", draft_vocab.to(torch.long), persistent=True)
         self.small = {}
         self._stacked: dict[tuple[nn.Module, ...], Any] = {}  # use_small_weights
@@ -108,12 +115,11 @@ class EagleHead(nn.Module):
         that read the same input (the queries, keys and values; the MLP's gate and up) are
         converted stacked, one product for each such set: each output row is computed as
         alone, whatever rows are stacked with it."""
+        groups = ((self.wq, self.wk, self.wv), (self.gate, self.up))
+        stacked = {m for group in groups for m in group}  # read stacked only (_lins)
         w = {m: m.weight.detach() for m in self.modules() if isinstance(m, nn.Linear)}
-        self.small = {m: convert(x) for m, x in w.items()}
-        self._stacked = {
-            group: convert(torch.cat([w[m] for m in group]))
-            for group in ((self.wq, self.wk, self.wv), (self.gate, self.up))
-        }
+        self.small = {m: convert(x) for m, x in w.items() if m not in stacked}
+        self._stacked = {group: convert(torch.cat([w[m] for m in group])) for group in groups}
         self.few_rows = int(rows)
 
     def _lin(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:

@@ -114,8 +114,8 @@ def load_head(path: Path, target: Target) -> EagleHead:
         )
     with safe_open(str(path), framework="pt") as f:
         tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - not a dict
-    head = EagleHead(HeadConfig.from_json(meta["config"]), tensors["draft_vocab"])
-    head.load_state_dict(tensors)
+    head = EagleHead(HeadConfig.from_json(meta["config"]), tensors["draft_vocab"], init=False)
+    head.load_state_dict(tensors, assign=True)  # every weight is the file's (strict)
     return head.to(device=target.device, dtype=target.dtype).eval()
 
 
