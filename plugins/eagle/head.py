@@ -113,8 +113,8 @@ class EagleHead(nn.Module):
         """Products of at most ``rows`` rows read ``convert(w)`` for each linear layer's weight
         ``w`` (drafting a few nodes at a time); larger ones, the float weights. The layers
         that read the same input (the queries, keys and values; the MLP's gate and up) are
-        converted stacked, one product for each such set: each output row is computed as
-        alone, whatever rows are stacked with it."""
+        converted stacked only, one product for each such set (:meth:`_lins`): each output
+        row is computed as alone, whatever rows are stacked with it."""
         groups = ((self.wq, self.wk, self.wv), (self.gate, self.up))
         stacked = {m for group in groups for m in group}  # read stacked only (_lins)
         w = {m: m.weight.detach() for m in self.modules() if isinstance(m, nn.Linear)}
