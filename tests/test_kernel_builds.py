@@ -132,6 +132,28 @@ def test_the_self_test_of_each_build_passes(build):
     assert f"specd kernels, {build}: step" in done.stdout and done.stdout.rstrip().endswith("ok")
 
 
+@pytest.mark.slow
+def test_the_avx2_builds_avx_vnni_code_passes_its_self_test():
+    """The avx2 build's AVX-VNNI dot products (Intel's CPUs since 2021, without AVX-512),
+    checked where a CPU has AVX-512 VNNI: the same 256-bit instruction in that encoding."""
+    if (
+        "avx512_vnni" not in kernel_build.cpu_features()
+        or "avx2" not in cpu_kernels.runnable_isas()
+    ):
+        pytest.skip(f"this CPU ({kernel_build.host()}) has no AVX-512 VNNI to run it with")
+    if not shutil.which("c++"):
+        pytest.skip("no C++ compiler (c++)")
+    done = subprocess.run(
+        ["bash", str(SELFTEST), "avx2"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "PYTHON": sys.executable, "DOT": "evex"},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "specd kernels, avx2: step" in done.stdout and done.stdout.rstrip().endswith("ok")
+
+
 @needs_kernel
 @pytest.mark.usefixtures("fresh_kernel")
 def test_built_once_into_the_cache_directory_saying_so_first(tmp_path, monkeypatch, caplog):
