@@ -660,7 +660,7 @@ inline void score_block(const Group<KV>& a, const Query& query, const Key& key, 
         qp[x] = query(p0 + x);
         token[x] = (p0 + x) / a.rep;
     }
-    alignas(64) float out[16];
+    alignas(64) float out[4 * SCORE_PAIRS > 16 ? 4 * SCORE_PAIRS : 16];  // dots64x4 stores 4 NP (16 at least)
     // four cached keys at a time, every one seen
     const int64_t cached = a.past < j1 ? a.past : j1;
     int64_t j = j0;
@@ -796,12 +796,12 @@ void attend_group(const Group<KV>& a, int64_t Hq, int64_t j0, int64_t j1, float*
         o[0] = mx;
         o[1] = vhsum(sum);
     }
-    // outputs: each value row once per TILE_ROWS pairs and 16 * TILE_VECS columns, the tile in
-    // registers (value_tile)
+    // outputs: each value row once per VALUE_ROWS pairs and 16 * TILE_VECS columns, the tile
+    // in registers (value_tile)
     constexpr int W = 16 * TILE_VECS;
-    for (int64_t p0 = 0; p0 < pairs; p0 += TILE_ROWS) {
-        const int64_t np = pairs - p0 < TILE_ROWS ? pairs - p0 : TILE_ROWS;
-        with_count<TILE_ROWS>(np, [&](auto NP) {
+    for (int64_t p0 = 0; p0 < pairs; p0 += VALUE_ROWS) {
+        const int64_t np = pairs - p0 < VALUE_ROWS ? pairs - p0 : VALUE_ROWS;
+        with_count<VALUE_ROWS>(np, [&](auto NP) {
             constexpr int R = decltype(NP)::value;
             const float* sr[R];
             float* o[R];

@@ -115,6 +115,33 @@ inline __m128i q_bytes(const uint8_t* lo, int ls, const uint8_t* hi, int hs, int
     }
     return q;
 }
+
+// Attention scores by NP queries of 64 floats and four keys at a time (NP <= SCORE_PAIRS):
+// out[4 x + y] = scale * q[x] . k[y], each in one eight-lane register over the row's eight
+// slices in order, then across its lanes by a tree of horizontal adds, whatever NP. Both
+// builds: 256-bit sums cost AVX-512 no multiply-adds (a Zen 4 splits a 512-bit one in two)
+// and a quarter of the shuffles and adds of summing 16-lane ones across their lanes.
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)); }
+template <int NP, class KV>
+inline void dots64x4(const float* const* q, const KV* const* k, float scale, float* out) {
+    __m256 acc[4 * NP];
+    for (int i = 0; i < 4 * NP; i++) acc[i] = _mm256_setzero_ps();
+    for (int c = 0; c < 64; c += 8) {
+        __m256 kv[4];
+        for (int y = 0; y < 4; y++) kv[y] = load8(k[y] + c);
+        for (int x = 0; x < NP; x++)
+            for (int y = 0; y < 4; y++) acc[4 * x + y] = _mm256_fmadd_ps(_mm256_loadu_ps(q[x] + c), kv[y], acc[4 * x + y]);
+    }
+    // lane i of hadd(hadd(a, b), hadd(c, d)) plus lane i + 4 is the sum of the i-th
+    // register's lanes
+    for (int i = 0; i < NP; i++) {
+        const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(acc[4 * i], acc[4 * i + 1]), _mm256_hadd_ps(acc[4 * i + 2], acc[4 * i + 3]));
+        const __m128 sum = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+        _mm_storeu_ps(out + 4 * i, _mm_mul_ps(sum, _mm_set1_ps(scale)));
+    }
+}
+#define SPECD_DOTS64 1
 #endif
 
 #if defined(SPECD_ISA_AVX512)
@@ -184,24 +211,16 @@ inline V16 vexp(V16 a) {
     return {_mm512_scalef_ps(p, n)};
 }
 
-// Lane i of the result: the sum of the lanes of v[i] (a transpose and add, 45 operations
-// for sixteen sums).
-inline V16 vsum16(const V16* v) {
-    __m512 t[8], u[4];
-    for (int i = 0; i < 8; i++)  // per 128 bits: a0+a2, b0+b2, a1+a3, b1+b3
-        t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i].v, v[2 * i + 1].v),
-                             _mm512_unpackhi_ps(v[2 * i].v, v[2 * i + 1].v));
-    for (int i = 0; i < 4; i++) {  // per 128 bits: the four vectors' partial sums
-        const __m512d x = _mm512_castps_pd(t[2 * i]), y = _mm512_castps_pd(t[2 * i + 1]);
-        u[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
-                             _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
-    }
-    const __m512 a = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x88),
-                                   _mm512_shuffle_f32x4(u[0], u[1], 0xDD));
-    const __m512 b = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x88),
-                                   _mm512_shuffle_f32x4(u[2], u[3], 0xDD));
-    return {_mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xDD))};
-}
+// Attention: six queries by four keys (dots64x4: 24 sums and four keys of the 32 registers),
+// the values by tiles of six rows and four vectors (24 sums, four value vectors, a score).
+// Over 1k cached positions of the default model's shape (scripts/attention_step_bench.cpp,
+// one thread, a Zen 4), against 16-lane sums by four queries and tiles of four rows: one
+// new token 0.93-0.96 against 0.99-1.04 ms, two 1.72-1.87 against 2.04-2.34, eight 6.8-7.3
+// against 7.6-8.5; asking for the value rows ahead of use measured slower (1.01-1.06 ms at
+// one token).
+constexpr int SCORE_PAIRS = 6;
+constexpr int VALUE_ROWS = 6;
+constexpr bool PREFETCH_VALUES = false;
 
 // Quantized weights, decoded to floats (exactly: small integers and bfloat16 are floats).
 // The 16 bytes at p as 32 four-bit values: byte j's low nibble is value j, its high nibble
@@ -378,37 +397,15 @@ inline V16 vsum16(const V16* v) {
     return {sum8(s), sum8(s + 8)};
 }
 
-// Attention scores by NP queries of 64 floats (NP <= SCORE_PAIRS) and four keys at a time:
-// out[4 x + y] = scale * q[x] . k[y], each in one eight-lane register over the row's eight
-// slices in order, then across its lanes as sum8 sums them, whatever NP. Three queries by
-// four keys keep twelve sums and four keys in the 16 registers, the queries read from memory
-// by the multiply-adds; four queries' V16 sums, as AVX-512 keeps them, took 32 and spilled.
+// Attention scores: dots64x4 above, three queries by four keys (twelve sums and four keys in
+// the 16 registers, the queries read from memory by the multiply-adds; four queries' V16
+// sums, as AVX-512 kept them, took 32 and spilled).
 constexpr int SCORE_PAIRS = 3;
-#define SPECD_DOTS64 1
+constexpr int VALUE_ROWS = TILE_ROWS;
 // The step's attention asks for each cached key's value row as it scores the key: over 1k
 // positions on a Zen 3, one new token 1.2-1.35x faster, eight 1.1-1.15x (one thread, the
 // keys and values in memory; runs of scripts/attention_step_bench.cpp alternating).
 constexpr bool PREFETCH_VALUES = true;
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)); }
-template <int NP, class KV>
-inline void dots64x4(const float* const* q, const KV* const* k, float scale, float* out) {
-    __m256 acc[4 * NP];
-    for (int i = 0; i < 4 * NP; i++) acc[i] = _mm256_setzero_ps();
-    for (int c = 0; c < 64; c += 8) {
-        __m256 kv[4];
-        for (int y = 0; y < 4; y++) kv[y] = load8(k[y] + c);
-        for (int x = 0; x < NP; x++)
-            for (int y = 0; y < 4; y++) acc[4 * x + y] = _mm256_fmadd_ps(_mm256_loadu_ps(q[x] + c), kv[y], acc[4 * x + y]);
-    }
-    // sum8's tree, four registers at a time: lane i of hadd(hadd(a, b), hadd(c, d)) plus lane
-    // i + 4 is the sum of the i-th register's lanes
-    for (int i = 0; i < NP; i++) {
-        const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(acc[4 * i], acc[4 * i + 1]), _mm256_hadd_ps(acc[4 * i + 2], acc[4 * i + 3]));
-        const __m128 sum = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-        _mm_storeu_ps(out + 4 * i, _mm_mul_ps(sum, _mm_set1_ps(scale)));
-    }
-}
 
 // Quantized weights, decoded to floats (as AVX-512's).
 inline void vload_u4(const uint8_t* p, V16* lo, V16* hi) {
@@ -564,6 +561,7 @@ inline V16 vsum16(const V16* v) {
 // slices in order, then across its lanes by pairs, whatever NP. Sixteen sums, four keys and a
 // query take 21 of the 32 registers; four queries' V16 sums (64 registers) went to the stack.
 constexpr int SCORE_PAIRS = 4;
+constexpr int VALUE_ROWS = TILE_ROWS;
 #define SPECD_DOTS64 1
 constexpr bool PREFETCH_VALUES = false;  // not timed on ARM64 hardware
 template <int NP, class KV>
@@ -763,6 +761,7 @@ inline V16 vload_kv(const float* p) { return vload(p); }
 
 #if !defined(SPECD_DOTS64)
 constexpr bool PREFETCH_VALUES = false;
+constexpr int VALUE_ROWS = TILE_ROWS;
 // Attention scores by NP queries of 64 floats (NP <= SCORE_PAIRS) and four keys at a time:
 // out[4 x + y] = scale * q[x] . k[y], sixteen V16 sums in registers, summed across their lanes
 // together (vsum16: each sum in the same order, whatever NP; out holds 16 floats).
