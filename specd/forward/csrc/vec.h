@@ -213,11 +213,10 @@ inline V16 vexp(V16 a) {
 
 // Attention: six queries by four keys (dots64x4: 24 sums and four keys of the 32 registers),
 // the values by tiles of six rows and four vectors (24 sums, four value vectors, a score).
-// Over 1k cached positions of the default model's shape (scripts/attention_step_bench.cpp,
-// one thread, a Zen 4), against 16-lane sums by four queries and tiles of four rows: one
-// new token 0.93-0.96 against 0.99-1.04 ms, two 1.72-1.87 against 2.04-2.34, eight 6.8-7.3
-// against 7.6-8.5; asking for the value rows ahead of use measured slower (1.01-1.06 ms at
-// one token).
+// Whole passes of the default model over 1k cached positions on a Zen 4 (two threads,
+// scripts/step_kernel.py --against, both ways round), against 16-lane sums by four queries
+// and tiles of four rows: two to eight new tokens 0.92-0.98x as long, one alike; asking for
+// the value rows ahead of use measured no faster.
 constexpr int SCORE_PAIRS = 6;
 constexpr int VALUE_ROWS = 6;
 constexpr bool PREFETCH_VALUES = false;
