@@ -32,15 +32,17 @@ class DecodeStep:
 
     :param layers: each layer's weights in :data:`LAYER_WEIGHTS` order, as ``[out, in]``
         matrices (float32 or blocks) and float32 vectors.
-    :param embed: ``[V, H]``; ``norm``: the final norm ``[H]``; ``lm_head``: ``[V, H]``.
+    :param embed: ``[V, H]``, or None for a step fed its inputs (:meth:`forward`);
+        ``norm``: the final norm ``[H]``, or None for none (the outputs are then the residual
+        stream: an EAGLE head's predicted features); ``lm_head``: ``[V, H]``.
     :raises ValueError: weights or sizes the kernel does not take, naming them.
     """
 
     def __init__(
         self,
         layers: list[tuple[Weight | None, ...]],
-        embed: Weight,
-        norm: torch.Tensor,
+        embed: Weight | None,
+        norm: torch.Tensor | None,
         lm_head: Weight,
         lm_bias: torch.Tensor | None,
         *,
@@ -55,7 +57,7 @@ class DecodeStep:
         gate = layers[0][LAYER_WEIGHTS.index("wg")] if layers else None
         if gate is None:
             raise ValueError("decode step kernel: a model without layers or MLP weights")
-        hidden, inter = embed.shape[1], gate.shape[0]
+        hidden, inter = gate.shape[1], gate.shape[0]
         sizes = {"hidden size": hidden, "MLP size": inter, "head size": head_dim}
         if any(v % 16 for v in sizes.values()) or heads % kv_heads:
             raise ValueError(
@@ -87,9 +89,10 @@ class DecodeStep:
                 ptrs.append(ptr)
                 formats.append(code)
         v = lm_head.shape[0]
-        self._checked("embedding", embed, (embed.shape[0], hidden), blocks=True)
+        if embed is not None:
+            self._checked("embedding", embed, (embed.shape[0], hidden), blocks=True)
         self._embed_rows = embed
-        self._norm = self._checked("final norm", norm, (hidden,))
+        self._norm = self._checked("final norm", norm, (hidden,)) if norm is not None else 0
         self._checked("LM head", lm_head, (v, hidden), blocks=True)
         self._lm, self._lm_format = self._storage(lm_head)
         self._lm_b = self._checked("LM head bias", lm_bias, (v,)) if lm_bias is not None else 0
@@ -98,7 +101,7 @@ class DecodeStep:
         self.layers, self.hidden, self.inter, self.vocab = len(layers), hidden, inter, v
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
         self.eps, self.scale = eps, scale
-        self._rows = embed.shape[0]
+        self._rows = embed.shape[0] if embed is not None else 0
         # the cache buffers of the last pass and their table (_cache_table)
         self._buffers: list[tuple[weakref.ref, weakref.ref]] | None = None
         self._capacity = 0
@@ -152,21 +155,39 @@ class DecodeStep:
         :returns: logits ``[T, V]`` and the final norm's output ``[T, H]``.
         :raises ValueError: tokens, tables or buffers the step cannot take.
         """
-        d, t = self.head_dim, ids.numel()
         ids = ids.reshape(-1)
+        if self._embed_rows is None:
+            raise ValueError("decode step kernel: built without an embedding, it takes inputs")
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self._rows):
+            raise ValueError(f"decode step kernel: token ids outside 0..{self._rows - 1}")
+        x = self._embed_rows[ids]  # [T, H] float32 (blocks decode those rows)
+        return self.forward(x, cos, sin, buffers, past, tree)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        buffers: list[tuple[torch.Tensor, torch.Tensor]],
+        past: int,
+        tree: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`__call__` for the new tokens' inputs ``x`` ``[T, H]`` (float32) in place of
+        their embeddings: an EAGLE head's entries."""
+        d, t = self.head_dim, x.shape[0]
         if not 1 <= t <= cpu_kernels.STEP_TOKENS:
             raise ValueError(
                 f"decode step kernel: {t} new tokens, it takes 1-{cpu_kernels.STEP_TOKENS}"
             )
-        if int(ids.min()) < 0 or int(ids.max()) >= self._rows:
-            raise ValueError(f"decode step kernel: token ids outside 0..{self._rows - 1}")
+        if x.shape != (t, self.hidden) or x.dtype != torch.float32:
+            raise ValueError(f"decode step kernel: inputs must be float32 [{t}, {self.hidden}]")
         if len(buffers) != self.layers:
             raise ValueError(
                 f"decode step kernel: {len(buffers)} cache layers, model {self.layers}"
             )
         cos, sin = cos.reshape(t, -1).contiguous(), sin.reshape(t, -1).contiguous()
-        for name, x in (("cos", cos), ("sin", sin)):
-            if x.shape != (t, d) or x.dtype != torch.float32:
+        for name, table in (("cos", cos), ("sin", sin)):
+            if table.shape != (t, d) or table.dtype != torch.float32:
                 raise ValueError(f"decode step kernel: {name} must be float32 [{t}, {d}]")
         if tree is not None:
             if tree.shape != (t, t):
@@ -175,7 +196,7 @@ class DecodeStep:
                 )
             tree = tree.to(torch.uint8).contiguous()
         table = self._cache_table(buffers, past, t)
-        x = self._embed_rows[ids].contiguous()  # [T, H] float32 (blocks decode those rows)
+        x = x.contiguous()
         threads = torch.get_num_threads()
         step = cpu_kernels.step_function()
         sizes = (self.hidden, self.inter, self.heads, self.kv_heads, d)
@@ -187,7 +208,7 @@ class DecodeStep:
             int(self._kv_half), *sizes, self.eps, self.scale, x.data_ptr(), cos.data_ptr(),
             sin.data_ptr(), t, past,
             tree.data_ptr() if tree is not None else None,
-            self._norm, self._lm, self._lm_format, self._lm_b or None, self.vocab,
+            self._norm or None, self._lm, self._lm_format, self._lm_b or None, self.vocab,
             logits.data_ptr(), hidden.data_ptr(), work.data_ptr(), threads,
         )  # fmt: skip
         return logits, hidden

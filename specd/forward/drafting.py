@@ -1,6 +1,7 @@
 """What a drafter's own small layers multiply by, as the target stores its weights
 (``Target.linear``, ``Target.small_weight``, ``Target.lm_head_rows``): a few rows at a time,
-outside the step, read the way the target reads its own weights on this machine."""
+outside the step, read the way the target reads its own weights on this machine; and a
+drafter's own decoder layer in one call of the step kernel (``Target.layer_step``)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..kvcache import KVCache
 from . import blocks, cpu_kernels, products
 from .blocks import BlockWeight
+from .decode_step import LAYER_WEIGHTS, DecodeStep
 from .fastpath import FastDecoder
 
 #: The most rows the kernel's product multiplies by blocks; more go through a float product
@@ -52,3 +55,69 @@ def lm_head_rows(model: Any, index: torch.Tensor) -> torch.Tensor | BlockWeight:
     blocks (their bytes copied), float rows a float copy."""
     w = model.get_output_embeddings().weight
     return blocks.rows_of(w, index) if isinstance(w, BlockWeight) else w[index]
+
+
+class LayerStep:
+    """A drafter's own decoder layer of the target's shapes (an EAGLE head's) with the rows
+    ``lm`` as its LM head, in one call of the step kernel (:class:`.decode_step.DecodeStep`):
+    its inputs in place of embeddings, no final norm (its outputs are the residual stream
+    itself), its weights rounded as :func:`small_weight` rounds them (the int8 products over
+    Q8_0 blocks where the target runs on blocks). :attr:`max_tokens` inputs a call."""
+
+    max_tokens = cpu_kernels.STEP_TOKENS
+
+    def __init__(self, step: DecodeStep) -> None:
+        self.step = step
+        self.woven = step.woven  #: how many of its matrices the int8 products read
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: KVCache,
+        start: int,
+        tree: torch.Tensor | None = None,
+        keep: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer over inputs ``x`` ``[T, H]`` (rotary tables ``cos``, ``sin`` ``[T, D]`` at
+        their positions), each seeing ``cache``'s entries from ``start`` on and the inputs
+        before it (or where ``tree`` ``[T, T]`` says), their keys and values written after
+        the cached ones and counted in ``cache`` with ``keep``.
+
+        :returns: the scores over the ``lm`` rows ``[T, Vd]`` and the outputs ``[T, H]``."""
+        t, length = x.shape[0], cache.length
+        cache.initialize(self.step.kv_heads, self.step.head_dim)
+        buffers = cache.buffers(length + t)
+        assert buffers is not None  # initialized above
+        view = [(k[:, :, start:], v[:, :, start:]) for k, v in buffers]
+        out = self.step.forward(x.float(), cos, sin, view, length - start, tree)
+        if keep:
+            cache.advance(t)
+        return out
+
+
+def layer_step(
+    model: Any, weights: dict[str, torch.Tensor], lm: Any, *, heads: int, kv_heads: int, eps: float
+) -> LayerStep | None:
+    """:class:`LayerStep` over ``weights`` (float tensors named as in
+    :data:`.decode_step.LAYER_WEIGHTS`, biases left out) for a drafter of ``model``, or None
+    where the step kernel does not run or take these shapes."""
+    if weights["wq"].device.type != "cpu" or not cpu_kernels.available():
+        return None
+    layer: list[Any] = []
+    for name in LAYER_WEIGHTS:
+        w = weights.get(name)
+        w = None if w is None else w.detach().float().contiguous()
+        layer.append(small_weight(model, w) if w is not None and name.startswith("w") else w)
+    head_dim = weights["wq"].shape[0] // heads
+    if isinstance(lm, torch.Tensor):
+        lm = lm.detach().float().contiguous()
+    try:
+        step = DecodeStep(
+            [tuple(layer)], None, None, lm, None, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+            eps=eps, scale=head_dim**-0.5,
+        )  # fmt: skip
+    except (ValueError, RuntimeError):
+        return None
+    return LayerStep(step)

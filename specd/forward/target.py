@@ -160,6 +160,13 @@ class Target:
         """The LM head's rows ``index`` as the target stores them (:func:`.drafting.lm_head_rows`)."""
         return drafting.lm_head_rows(self.model, index)
 
+    def layer_step(
+        self, weights: dict[str, torch.Tensor], lm: Any, *, heads: int, kv_heads: int, eps: float
+    ) -> drafting.LayerStep | None:
+        """A drafter's own decoder layer with ``lm`` as its LM head in one call of the step
+        kernel (:func:`.drafting.layer_step`), or None where that does not run here."""
+        return drafting.layer_step(self.model, weights, lm, heads=heads, kv_heads=kv_heads, eps=eps)
+
     @property
     def max_positions(self) -> int:
         cfg = self.config.get_text_config(decoder=True)

@@ -1047,9 +1047,10 @@ int64_t specd_decode_step_work(int64_t H, int64_t I, int64_t Hq, int64_t KV, int
 // those rounded values, its own among them. x: the new tokens' embeddings [T, H]; cos, sin:
 // [T, D] at their positions; past: positions already cached (the new tokens' keys and values go
 // to positions past .. past + T - 1); tree: [T, T] bytes, nonzero where new token i sees
-// new token j, or null for a chain. norm: the final norm's weight; lm [V, H] stored as
-// lm_format, lm_b [V] or null. Writes logits [T, V] (unless logits is null) and hidden
-// [T, H] (the final norm's output). work:
+// new token j, or null for a chain. norm: the final norm's weight, or null for none (a
+// drafter's head predicting the residual stream); lm [V, H] stored as lm_format, lm_b [V] or
+// null. Writes logits [T, V] (unless logits is null) and hidden [T, H] (the final norm's
+// output, or the residual stream without one). work:
 // specd_decode_step_work floats. Sizes H, I, D multiples of 16 (of 32 where a product's
 // input runs along blocks, of 256 along a K-quant's); Hq a multiple of KV; 1 <= T <= MAX_T.
 void specd_decode_step(const void* const* layers, const int32_t* formats, int64_t L,
@@ -1202,11 +1203,15 @@ void specd_decode_step(const void* const* layers, const int32_t* formats, int64_
                 for (int64_t r = lo; r < hi; r++) h[i * H + r] += mid[i * H + r];
 #pragma omp barrier
         }
-        for (int64_t i = 0; i < T; i++) rmsnorm(h + i * H, norm, H, eps, xn + i * H);
-        if (t == 0) memcpy(hidden, xn, T * H * sizeof(float));
+        const float* fin = h;  // no final norm: the residual stream itself (an EAGLE head's)
+        if (norm != nullptr) {
+            for (int64_t i = 0; i < T; i++) rmsnorm(h + i * H, norm, H, eps, xn + i * H);
+            fin = xn;
+        }
+        if (t == 0) memcpy(hidden, fin, T * H * sizeof(float));
         if (logits != nullptr) {  // none for a prefill's passes: nobody reads them
             share_rows(V, t, nt, &lo, &hi);
-            rows(Weight{lm, lm_format}, lm_b, H, xn, H, T, lo, hi, logits, V);
+            rows(Weight{lm, lm_format}, lm_b, H, fin, H, T, lo, hi, logits, V);
         }
     }
 }
