@@ -6,6 +6,13 @@ the seconds spent drafting and verifying. The engine's own clock of each drafter
 (``DraftClock``, in one-token steps) is printed too.
 
     python scripts/decode_rates.py none eagle none eagle hybrid ngram
+
+A name ending in ``/torch`` runs that drafter with its EAGLE head through PyTorch instead of
+the step kernel (``eagle/torch eagle eagle/torch eagle``: the head's two paths alternating).
+``--one-node`` drafts one node a step under the ``fixed`` policy, the head never resting
+(what each of its calls costs, whether it pays or not):
+
+    python scripts/decode_rates.py --one-node none eagle eagle/torch none eagle/torch eagle
 """
 
 from __future__ import annotations
@@ -36,13 +43,38 @@ def _timed_step_function():
 _step_function = cpu_kernels.step_function
 
 
+def _head_path(engine: Engine, label: str) -> str:
+    """The drafter ``label`` names, its EAGLE head (or its parts') set to run through PyTorch
+    for a label ending in ``/torch``, through the step kernel where it runs otherwise."""
+    from specd.plugins.eagle import drafter as eagle
+    from specd.plugins.eagle import kernel
+
+    name, _, path = label.partition("/")
+    eagle.head_kernel = (lambda *_: None) if path == "torch" else kernel.head_kernel
+    if name != "none":
+        d = engine.plugins.drafter(name)
+        for part in getattr(d, "parts", [d]):
+            if isinstance(part, eagle.EagleDrafter):
+                part._for = None  # loaded again at its next request, on the path asked for
+    return name
+
+
 def main() -> None:
-    drafters = sys.argv[1:] or ["none", "ngram", "hybrid", "eagle"]
+    args = sys.argv[1:]
+    one_node = "--one-node" in args
+    drafters = [a for a in args if a != "--one-node"] or ["none", "ngram", "hybrid", "eagle"]
     cpu_kernels.step_function = _timed_step_function  # type: ignore[assignment]
-    engine = Engine.load()
+    if one_node:
+        chain = {"topk": 1, "width": 1, "rest": False}
+        engine = Engine.load(max_draft=1, exit_policy="fixed", drafter_options={"eagle": chain})
+    else:
+        engine = Engine.load()
     prompts = workloads.build("editor", engine.target, limit=4)
-    engine.generate(prompts[0].ids, SamplingParams(max_tokens=8), drafter=drafters[0])  # warm
-    for name in drafters:
+    engine.generate(
+        prompts[0].ids, SamplingParams(max_tokens=8), drafter=_head_path(engine, drafters[0])
+    )  # warm
+    for label in drafters:
+        name = _head_path(engine, label)
         tokens = steps = drafted = 0
         draft_s = verify_s = decode_s = kernel_s = 0.0
         for prompt in prompts:
@@ -59,7 +91,7 @@ def main() -> None:
         clock = engine._clocks.get(name)
         cost = f"{clock.cost(4):.2f}" if clock is not None else "-"
         print(
-            f"{name:8s} {decode_s / tokens * 1e3:6.2f} ms/token ({kernel_s / tokens * 1e3:.2f} in "
+            f"{label:8s} {decode_s / tokens * 1e3:6.2f} ms/token ({kernel_s / tokens * 1e3:.2f} in "
             f"the step kernel), {steps} passes for {tokens} "
             f"tokens, {drafted} drafted; drafting {draft_s:.2f} s, verifying {verify_s:.2f} s; "
             f"a 4-token draft costs {cost} steps"

@@ -2,10 +2,12 @@
 
 The target returns its last hidden states with every verify pass (``wants_hidden``), so the
 head's true entries cost no extra target work: after each step the drafter appends one entry
-per committed token to its own small KV cache and drafts from the last one. Draft entries
-(fed the head's own predicted features) are appended while drafting and cropped away before
-the draft is returned. Between requests the cache is kept for the longest common prefix,
-like the engine's prefix cache.
+per committed token to its own small KV cache and drafts from the last one. Through the
+step kernel (:mod:`.kernel`, where it runs) each call feeds a draft's entries (fed the head's
+own predicted features) again with a tree mask, and they never enter the cache; through
+PyTorch they are appended while drafting and cropped away before the draft is returned.
+Between requests the cache is kept for the longest common prefix, like the engine's prefix
+cache.
 
 Greedy decoding drafts a tree (EAGLE-2): at each depth the ``width`` most probable nodes
 are expanded by their ``topk`` most probable children, and the ``budget`` nodes of highest
@@ -39,6 +41,7 @@ from specd import (
 
 from .head import EagleHead
 from .headfile import RANDOM, HeadMismatchError, load_head, random_head, shipped_head
+from .kernel import HeadKernel, head_kernel
 from .rest import Rest
 from .tree import Node, as_draft, closed
 
@@ -87,6 +90,8 @@ class EagleDrafter(Drafter):
         self._rest = Rest()
         self._for: Target | None = None
         self._head: EagleHead | None = None
+        #: the head as one call of the step kernel, where it runs (None: through PyTorch)
+        self._kernel: HeadKernel | None = None
         self._reset()
 
     # -- state ----------------------------------------------------------------------------
@@ -101,6 +106,8 @@ class EagleDrafter(Drafter):
         self._tokens: list[int] = []  # the sequence the entries describe
         self._feat: torch.Tensor | None = None  # [P, H] features not yet fed
         self._feat_start = 0  # position of self._feat[0]
+        # [Vd] the kernel's draft-vocabulary scores of the newest true entry, where it fed it
+        self._root_scores: torch.Tensor | None = None
 
     def _load(self, target: Target) -> EagleHead:
         if self._head is None or self._for is not target:
@@ -128,6 +135,7 @@ class EagleDrafter(Drafter):
             # its own weights for a few rows as the target's product reads them fastest
             # (Q8_0 blocks where the target runs on blocks)
             self._head.use_small_weights(target.small_weight, target.few_rows)
+            self._kernel = head_kernel(self._head, target, self._lm_rows)
             self._reset()
         return self._head
 
@@ -173,6 +181,7 @@ class EagleDrafter(Drafter):
             self._feat, self._feat_start = self._ins[keep][None], same - 1
         del self._pos[keep:], self._outs[keep:], self._ins[keep:]
         self._crop(keep)
+        self._root_scores = None
         self._tokens = ctx.tokens
         self._take_features(ctx)
 
@@ -226,9 +235,15 @@ class EagleDrafter(Drafter):
         if first < last:
             feat = self._feat[first - start : last - start]
             nxt = torch.tensor(tokens[first + 1 : last + 1], device=feat.device)
-            # only the newest entry's output is read (the root of the next draft): the
-            # others need their keys and values, not the layer's attention and MLP
-            out = self._entries(feat, nxt, list(range(first, last)), None, last_only=True)
+            positions = list(range(first, last))
+            if self._kernel is not None and last - first <= self._kernel.max_entries:
+                scores, out = self._kernel_entries(feat, nxt, positions, None, keep=True)
+                self._root_scores = scores[-1]
+            else:
+                # only the newest entry's output is read (the root of the next draft): the
+                # others need their keys and values, not the layer's attention and MLP
+                out = self._entries(feat, nxt, positions, None, last_only=True)
+                self._root_scores = None
             self._pos.extend(range(first, last))
             self._outs.extend([None] * (last - first - 1) + [out[-1]])
             self._ins.extend(feat)
@@ -274,6 +289,31 @@ class EagleDrafter(Drafter):
             mask = None if mask is None else mask[-1:]
         return head.finish(x, q, keys[:, :, lo:], values[:, :, lo:], mask)[0]
 
+    def _kernel_entries(
+        self,
+        feat: torch.Tensor,
+        tokens: torch.Tensor,
+        positions: list[int],
+        tree: torch.Tensor | None,
+        keep: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`_entries` in one call of the step kernel (:mod:`.kernel`): the new entries
+        see the window's true entries and each other as ``tree`` says (None: causal).
+        :param keep: append them to the cache (true entries; drafts are fed again instead).
+        :returns: their draft-vocabulary scores ``[T, Vd]`` and outputs ``[T, H]``."""
+        head, kernel = self._head, self._kernel
+        assert head is not None and kernel is not None
+        x = head.entries(feat[None], self._embed[tokens][None])[0]
+        true, old = len(self._pos), self._cache.length
+        lo = min(max(0, true - self.window), old)
+        return kernel.run(x, positions, self._cache, lo, tree, keep)
+
+    def _root_logp(self) -> torch.Tensor:
+        """Log probabilities over the draft vocabulary ``[Vd]`` after the newest true entry."""
+        if self._root_scores is not None:
+            return torch.log_softmax(self._root_scores.float(), -1)
+        return self._logp(self._root()[None])[0]
+
     def _root(self) -> torch.Tensor:
         """The newest true entry's output ``[H]``, computed now if its batch skipped it (a
         request that kept entries up to one fed in the middle of a batch)."""
@@ -294,18 +334,24 @@ class EagleDrafter(Drafter):
     def _tree(self, ctx: DraftContext, budget: int, pending: int) -> list[Node]:
         nodes: list[Node] = []
         floor = math.log(self.min_prob) if self.min_prob > 0 else -math.inf
-        root = self._root()[None]
-        frontier = self._children(-1, root[0], self._logp(root)[0], 0.0, 1, nodes)
+        root = self._root()
+        frontier = self._children(-1, root, self._root_logp(), 0.0, 1, nodes)
+        # the kernel feeds each expansion its frontier's paths again: at most width x depth
+        kernel = self._kernel is not None and self.width * budget <= self._kernel.max_entries
         for depth in range(2, budget + 1):
             # a child is never more probable than its parent: expand only nodes over the floor
             frontier = [i for i in frontier if nodes[i].score >= floor]
             frontier = sorted(frontier, key=lambda i: -nodes[i].score)[: self.width]
             if not frontier or not ctx.keep_drafting(depth - 1, math.exp(nodes[frontier[0]].score)):
                 break
-            outs = self._expand(frontier, nodes, pending)
+            if kernel:
+                outs, logps = self._expand_paths(frontier, nodes, pending)
+            else:
+                outs = self._expand(frontier, nodes, pending)
+                logps = self._logp(outs)
             frontier = [
                 c
-                for i, out, logp in zip(frontier, outs, self._logp(outs))
+                for i, out, logp in zip(frontier, outs, logps)
                 for c in self._children(i, out, logp, nodes[i].score, depth, nodes)
             ]
         # the budget most probable nodes; a parent is never less probable than its child
@@ -358,22 +404,63 @@ class EagleDrafter(Drafter):
             nodes[i].entry = base + row
         return outs
 
+    def _expand_paths(
+        self, frontier: list[int], nodes: list[Node], pending: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`_expand` through the kernel: the frontier nodes' entries with every node on
+        their paths (parents first), each seeing its own path, in one call that leaves the
+        cache as it was. :returns: the frontier's outputs ``[F, H]`` and log probabilities
+        ``[F, Vd]``."""
+        rows: list[int] = []
+        index: dict[int, int] = {}
+        for i in frontier:
+            path, p = [], i
+            while p >= 0 and p not in index:
+                path.append(p)
+                p = nodes[p].parent
+            for n in reversed(path):
+                index[n] = len(rows)
+                rows.append(n)
+        tree = torch.zeros(len(rows), len(rows), dtype=torch.bool)
+        for a, n in enumerate(rows):
+            while n >= 0:
+                tree[a, index[n]] = True
+                n = nodes[n].parent
+        feat = torch.stack([nodes[n].feat for n in rows])
+        tokens = torch.tensor([nodes[n].token for n in rows], device=feat.device)
+        positions = [pending + nodes[n].depth - 1 for n in rows]
+        scores, outs = self._kernel_entries(feat, tokens, positions, tree)
+        at = [index[i] for i in frontier]
+        return outs[at], torch.log_softmax(scores[at].float(), -1)
+
     def _chain(self, ctx: DraftContext, budget: int, pending: int) -> Draft | None:
         feat = self._root()
         vocab = self._head.draft_vocab  # type: ignore[union-attr]
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
+        # through the kernel: the chain's entries fed again at each position
+        kernel = self._kernel is not None and budget <= self._kernel.max_entries
+        feats: list[torch.Tensor] = []
+        scores = self._root_scores if self._root_scores is not None else self._scores(feat)
         for position in range(budget):
             logits = torch.full((ctx.vocab_size,), float("-inf"), device=feat.device)
-            logits[vocab] = self._scores(feat).float()
+            logits[vocab] = scores.float()
             q = warp(logits, ctx.params)  # [V], zero outside the draft vocabulary
             token = sample(q, ctx.generator)
             tokens.append(token)
             rows.append(q)
             if position + 1 == budget or not ctx.keep_drafting(position + 1, float(q[token])):
                 break
+            if kernel:
+                feats.append(feat)
+                ids = torch.tensor(tokens, device=feat.device)
+                at = list(range(pending, pending + position + 1))
+                all_scores, outs = self._kernel_entries(torch.stack(feats), ids, at, None)
+                scores, feat = all_scores[-1], outs[-1]
+                continue
             # the chain's draft entries so far sit right after the true ones
             earlier = list(range(len(self._pos), len(self._pos) + position))
             tok = torch.tensor([token], device=feat.device)
             feat = self._entries(feat[None], tok, [pending + position], [earlier])[0]
+            scores = self._scores(feat)
         return Draft.chain(tokens, q=torch.stack(rows).cpu())
