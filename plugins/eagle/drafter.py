@@ -303,6 +303,7 @@ class EagleDrafter(Drafter):
         :returns: their draft-vocabulary scores ``[T, Vd]`` and outputs ``[T, H]``."""
         head, kernel = self._head, self._kernel
         assert head is not None and kernel is not None
+        feat = feat.to(head.ln1.dtype)  # the kernel's outputs are float32 whatever the head's
         x = head.entries(feat[None], self._embed[tokens][None])[0]
         true, old = len(self._pos), self._cache.length
         lo = min(max(0, true - self.window), old)
