@@ -193,3 +193,17 @@ def test_on_a_target_run_on_blocks_the_kernel_reads_the_heads_q8_blocks():
     spec = e.generate(PROMPT, params, drafter="eagle")
     assert spec.stats.drafted > 0
     assert spec.token_ids == e.generate(PROMPT, params, drafter="none").token_ids
+
+
+def test_a_bfloat16_head_catching_up_through_pytorch_then_drafts_through_the_kernel():
+    """Bug guarded: a prompt of more entries than a kernel call takes is fed through PyTorch
+    first; a bfloat16 head then made the cache bfloat16, which the kernel refused at the
+    next draft (the drafter failed and was turned off)."""
+    target = tiny_target(48, seed=2, logit_scale=3.0, hidden_size=64, dtype=torch.bfloat16)
+    e = Engine(target, drafter_options={"eagle": {"head": "random"}}, exit_policy="fixed")
+    prompt = PROMPT * 3  # 48 entries to catch up on
+    params = SamplingParams(max_tokens=16)
+    spec = e.generate(prompt, params, drafter="eagle")
+    assert spec.stats.fallback is None and spec.stats.drafted > 0
+    assert e.plugins.drafter("eagle")._kernel is not None
+    assert spec.token_ids == e.generate(prompt, params, drafter="none").token_ids

@@ -97,8 +97,9 @@ class EagleDrafter(Drafter):
     # -- state ----------------------------------------------------------------------------
 
     def _reset(self) -> None:
-        # the keys and values of the head's entries, one layer appended in place
-        self._cache = KVCache(1, capacity=64)
+        # the keys and values of the head's entries, one layer appended in place (float32
+        # where the kernel reads them, whatever the head's dtype)
+        self._cache = KVCache(1, capacity=64, dtype=torch.float32 if self._kernel else None)
         self._pos: list[int] = []  # position of each true entry (ascending)
         # [H] the head's output for each true entry (None: not computed, see _root)
         self._outs: list[torch.Tensor | None] = []
