@@ -2,9 +2,9 @@
 // scalar reference in double precision: the step kernel (decode_step.cpp) over a tiny
 // Llama-shaped stack of layers with random weights, chains and trees of 1 to 16 new tokens
 // over caches of several lengths, with and without biases, 16- and 64-wide heads, one to
-// three threads; the same step over weights stored as blocks of each of GGUF's formats the
-// kernel reads (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16) against its run over
-// their float32 values (equal bit for bit); and the attention kernel
+// three threads, with and without a final norm; the same step over weights stored as blocks
+// of each of GGUF's formats the kernel reads (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K,
+// BF16) against its run over their float32 values (equal bit for bit); and the attention kernel
 // (attention.cpp) at shapes that cross its blocks of 64 queries and keys, chains and trees.
 // The step's checks run over caches of float32, and again at fewer shapes over caches of IEEE
 // halves.
@@ -247,10 +247,11 @@ std::vector<int64_t> cache_table(const Model& m, Vec& kc, Vec& vc, int64_t cap) 
 }
 
 // One pass of T new tokens over the reference's own caches kc, vc ([L][KV][cap][D], the
-// first `past` positions filled), which it extends: logits [T, V] and hidden [T, H].
+// first `past` positions filled), which it extends: logits [T, V] and hidden [T, H] (the
+// final norm's output, or with `final_norm` false the residual stream, as a drafter's head).
 void reference_step(const Model& m, const Vec& x, const Vec& cos, const Vec& sin, int64_t T,
                     int64_t past, const uint8_t* tree, int64_t cap, Vec& kc, Vec& vc,
-                    std::vector<double>& logits, std::vector<double>& hidden) {
+                    std::vector<double>& logits, std::vector<double>& hidden, bool final_norm = true) {
     const int64_t H = m.H, D = m.D, QD = m.Hq * D, KD = m.KV * D, rep = m.Hq / m.KV;
     const double eps = 1e-5, scale = 1.0 / sqrt((double)D);
     std::vector<double> h(x.begin(), x.end()), xn(H), q(T * QD), k(KD), v(KD), o(QD), y(H);
@@ -295,7 +296,9 @@ void reference_step(const Model& m, const Vec& x, const Vec& cos, const Vec& sin
     logits.assign(T * m.V, 0.0);
     hidden.assign(T * H, 0.0);
     for (int64_t i = 0; i < T; i++) {
-        rmsnorm(&h[i * H], m.norm.data(), H, eps, &hidden[i * H]);
+        if (final_norm) rmsnorm(&h[i * H], m.norm.data(), H, eps, &hidden[i * H]);
+        else
+            for (int64_t r = 0; r < H; r++) hidden[i * H + r] = h[i * H + r];
         matvec(m.lm.data(), ptr(m.lm_b), &hidden[i * H], m.V, H, &logits[i * m.V]);
     }
 }
@@ -354,6 +357,21 @@ double check_step(const Model& m, int* passes) {
                 };
                 for (double e : errs) worst = e > worst || e != e ? e : worst;
                 (*passes)++;
+                if (shape == 0 && T % 4 == 1) {  // no final norm (null): the residual stream
+                    Vec k2 = cache_of(k0), v2 = cache_of(v0), rk2 = cached_values(k2, k0.size()),
+                        rv2 = cached_values(v2, v0.size()), l2(T * m.V), h2(T * H);
+                    const std::vector<int64_t> c2 = cache_table(m, k2, v2, cap);
+                    specd_decode_step(table.data(), formats.data(), m.L, c2.data(), kv_half, H, m.I, m.Hq,
+                                      m.KV, D, eps, scale, x.data(), cos.data(), sin.data(), T, past,
+                                      nullptr, nullptr, m.lm.data(), 0, ptr(m.lm_b), m.V, l2.data(),
+                                      h2.data(), work.data(), threads);
+                    reference_step(m, x, cos, sin, T, past, nullptr, cap, rk2, rv2, want_logits,
+                                   want_hidden, false);
+                    for (double e : {rel_err(l2.data(), want_logits.data(), l2.size()),
+                                     rel_err(h2.data(), want_hidden.data(), h2.size())})
+                        worst = e > worst || e != e ? e : worst;
+                    (*passes)++;
+                }
             }
         }
     }
