@@ -258,10 +258,11 @@ def test_sampled_drafts_carry_q_over_the_full_vocabulary(head_file):
     torch.testing.assert_close(draft.q[0], logits.softmax(-1).float())
 
 
-def _paths(drafter: EagleDrafter) -> dict[tuple[int, ...], float]:
-    """The greedy tree ``drafter`` drafts after a fixed prompt: each node's token path from
-    the root, with its path log probability under the head."""
+def _paths(drafter: EagleDrafter, policy=None) -> dict[tuple[int, ...], float]:
+    """The greedy tree ``drafter`` drafts after a fixed prompt (under exit ``policy``): each
+    node's token path from the root, with its path log probability under the head."""
     ctx = _ctx([3, 1, 4, 1, 5, 9, 2, 6], SamplingParams())
+    ctx.exit_policy = policy
     drafter.start(ctx)
     pending = len(ctx.tokens) - 1
     drafter._feed(ctx.tokens, pending)
@@ -282,6 +283,57 @@ def test_min_prob_drafts_the_tree_without_the_nodes_the_head_finds_unlikely(head
         assert kept == {p: s for p, s in full.items() if s >= math.log(min_prob)}
         assert 0 < len(kept) < len(full)
     assert _paths(EagleDrafter(head=head_file, min_prob=1.0)) == {}
+
+
+def test_min_prob_price_drafts_a_node_where_its_probability_covers_its_price(head_file):
+    """``min_prob=price`` (``hybrid``'s head part): under an exit policy that weighs drafts,
+    the k-th most probable node is kept where its path probability is at least what the
+    pass's (k + 1)-th token costs over its k-th (here as much for each: the nodes that
+    ``min_prob`` keeps at that price); under one that does not (``fixed``), every node."""
+    from specd.plugins.policies import AdaptivePolicy, FixedPolicy
+
+    from specd.forward.pricing import PassCosts
+
+    def drafter(**options) -> EagleDrafter:
+        return EagleDrafter(head=head_file, topk=3, width=3, **options)
+
+    full = _paths(drafter())
+    probs = sorted((math.exp(v) for v in full.values()), reverse=True)
+    # a price between the fourth and fifth most probable nodes' probabilities
+    price = math.sqrt(probs[3] * probs[4])
+    assert probs[3] > probs[4]
+    priced = AdaptivePolicy(min_confidence=0.0)  # the tree grows as deep as without it
+    priced.pass_cost = PassCosts({n: 1.0 + price * (n - 1) for n in (1, 2, 4, 8, 16)})
+    kept = _paths(drafter(min_prob="price"), priced)
+    assert kept == _paths(drafter(min_prob=price)) and len(kept) == 4
+    fixed = FixedPolicy()
+    fixed.pass_cost = priced.pass_cost
+    assert _paths(drafter(min_prob="price"), fixed) == full
+    with pytest.raises(BadInputError, match="min_prob='often'"):
+        drafter(min_prob="often")
+
+
+def test_a_catch_up_on_entries_is_told_apart_from_a_steps_own(head_file):
+    """The seconds a proposal spends feeding the entries of earlier steps (or the prompt)
+    are its catch-up (``catch_up_s``, which ``hybrid`` leaves out of a part's price); a
+    proposal after one step feeds that step's entries alone and catches up on nothing."""
+    e = engine(head_file)
+    drafter = e.plugins.drafter("eagle")
+    seen = []
+    propose = EagleDrafter.propose
+
+    def recorded(self, ctx, budget):
+        out = propose(self, ctx, budget)
+        seen.append(self.catch_up_s)
+        return out
+
+    EagleDrafter.propose = recorded  # type: ignore[method-assign]
+    try:
+        e.generate(list(range(3, 30)), SamplingParams(max_tokens=8), drafter="eagle")
+    finally:
+        EagleDrafter.propose = propose  # type: ignore[method-assign]
+    assert drafter is not None and len(seen) >= 3
+    assert seen[0] > 0 and all(s == 0 for s in seen[1:])
 
 
 def test_drafting_with_the_targets_product_computes_what_the_layers_do(head_file):

@@ -247,6 +247,27 @@ def test_a_later_part_pays_for_its_own_time_too(monkeypatch):
     assert len(second.budgets) == 2 * (PROBE_EVERY + 1)
 
 
+class CatchingUp(Slow):
+    """A part whose every call after the first spends ``seconds`` on its draft, and whose
+    first also catches up for 40 s on entries of steps it was not asked at."""
+
+    def propose(self, ctx, budget):
+        self.catch_up_s = 40.0 if not self.budgets else 0.0
+        self.clock.now += self.catch_up_s
+        return super().propose(ctx, budget)
+
+
+def test_a_part_is_priced_by_its_calls_not_by_a_catch_up(monkeypatch):
+    """Bug guarded: a head part asked after steps without it feeds their entries at once
+    (the prompt's, or a probe's), and that catch-up was priced as what every call costs: a
+    head that pays at every step (half a step a call) was priced out for good."""
+    clock = Clock()
+    h, _ = hybrid(None, Draft.chain([9, 9]))
+    h.parts[1] = second = CatchingUp(Draft.chain([9, 9]), clock, 5.0)
+    steps(monkeypatch, h, 2, 2 * (PROBE_EVERY + 1), clock)
+    assert len(second.budgets) == 2 * (PROBE_EVERY + 1)
+
+
 def test_a_part_is_credited_only_the_accepted_tokens_past_the_parts_before_it(monkeypatch):
     """Guards against crediting a later part with what the first part's node won: the first
     part's one token accepted, the later part's nodes after it rejected."""

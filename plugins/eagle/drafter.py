@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -45,6 +46,9 @@ from .kernel import HeadKernel, head_kernel
 from .rest import Rest
 from .tree import Node, as_draft, closed
 
+#: The ``min_prob`` that keeps a node where its path probability covers its price.
+PRICE = "price"
+
 
 class EagleDrafter(Drafter):
     """:param head: path of a head file (default: the head shipped for the target's model;
@@ -55,6 +59,9 @@ class EagleDrafter(Drafter):
     :param max_draft: cap on draft nodes per step.
     :param min_prob: greedy trees keep only nodes whose path probability under the head
         is at least this: each node widens the verify pass, which costs time on a CPU.
+        ``price``: at least what the node adds to the verify pass here, in one-token steps,
+        under an exit policy that weighs drafts against the target's pass prices (no floor
+        under ``fixed`` or where passes are not priced); ``hybrid`` gives its head part that.
     :param rest: after a request whose drafts did not pay, rest in the next ones but one in
         several (:mod:`.rest`); ``hybrid`` gives its head part ``rest=False``."""
 
@@ -72,7 +79,7 @@ class EagleDrafter(Drafter):
         width: int = 2,
         window: int = 256,
         max_draft: int = 8,
-        min_prob: float = 0.0,
+        min_prob: float | str = 0.0,
         rest: bool = True,
     ) -> None:
         self.head_path = None if head is None else Path(head)
@@ -83,11 +90,25 @@ class EagleDrafter(Drafter):
         self.window = max(1, int(window))
         self.feature_rows = self.window  # older features are never fed (_feed)
         self.max_draft = int(max_draft)
-        self.min_prob = float(min_prob)
+        self.min_prob: float | None = None  # None: each node's price (_floor)
+        if min_prob != PRICE:
+            try:
+                self.min_prob = float(min_prob)
+            except (TypeError, ValueError):
+                self.min_prob = math.nan
+            if not 0.0 <= self.min_prob <= 1.0:
+                raise BadInputError(
+                    f"eagle option min_prob={min_prob!r}: expected a probability or {PRICE!r}"
+                )
         if not isinstance(rest, bool):
             raise BadInputError(f"eagle option rest={rest!r}: expected true or false")
         self.rest = rest
         self._rest = Rest()
+        #: seconds of the last proposal spent catching up on the entries of a prompt or of
+        #: steps before the last one (those since it was last asked): not what a call costs
+        #: where it is asked at every step (``hybrid`` prices its parts by that)
+        self.catch_up_s = 0.0
+        self._step_rows = 0  # features the last step's commit brought (0: none yet)
         self._for: Target | None = None
         self._head: EagleHead | None = None
         #: the head as one call of the step kernel, where it runs (None: through PyTorch)
@@ -169,6 +190,7 @@ class EagleDrafter(Drafter):
         if rested:  # under a policy that drafts whatever it costs: features from the first pass
             self.wants_hidden = True
         self._load(ctx.target)
+        self._step_rows = 0  # the prompt's entries are a catch-up
         # keep the entries of the longest common prefix: entry p describes tokens p, p + 1
         same = 0
         for a, b in zip(self._tokens, ctx.tokens):
@@ -190,6 +212,7 @@ class EagleDrafter(Drafter):
         if self._rest.resting:
             return
         self._rest.committed(accepted)
+        self._step_rows = 0 if ctx.hidden is None else ctx.hidden.shape[0]
         self._take_features(ctx)
 
     def finish(self, ctx: DraftContext) -> None:
@@ -207,6 +230,7 @@ class EagleDrafter(Drafter):
         budget = min(budget, self.max_draft)
         self._tokens = ctx.tokens
         pending = len(ctx.tokens) - 1
+        self.catch_up_s = 0.0
         self._feed(ctx.tokens, pending)
         if not self._pos or self._pos[-1] != pending - 1 or budget <= 0:
             return None  # no feature for the token before the pending one yet
@@ -234,6 +258,7 @@ class EagleDrafter(Drafter):
         # no more to catch up on than ``window`` tokens
         first = max(start, self._pos[-1] + 1 if self._pos else 0, last - self.window)
         if first < last:
+            t = time.perf_counter()
             feat = self._feat[first - start : last - start]
             nxt = torch.tensor(tokens[first + 1 : last + 1], device=feat.device)
             positions = list(range(first, last))
@@ -248,6 +273,9 @@ class EagleDrafter(Drafter):
             self._pos.extend(range(first, last))
             self._outs.extend([None] * (last - first - 1) + [out[-1]])
             self._ins.extend(feat)
+            # the entries of steps before the last one (or of the prompt): a catch-up
+            n = last - first
+            self.catch_up_s = (time.perf_counter() - t) * max(0, n - self._step_rows) / n
         if last >= end:
             self._feat = None
         elif last > start:
@@ -335,7 +363,7 @@ class EagleDrafter(Drafter):
 
     def _tree(self, ctx: DraftContext, budget: int, pending: int) -> list[Node]:
         nodes: list[Node] = []
-        floor = math.log(self.min_prob) if self.min_prob > 0 else -math.inf
+        floor = self._floor(ctx, 0)
         root = self._root()
         frontier = self._children(-1, root, self._root_logp(), 0.0, 1, nodes)
         # the kernel feeds each expansion its frontier's paths again: at most width x depth
@@ -358,7 +386,21 @@ class EagleDrafter(Drafter):
             ]
         # the budget most probable nodes; a parent is never less probable than its child
         chosen = sorted(range(len(nodes)), key=lambda i: (-nodes[i].score, nodes[i].depth))
-        return closed(nodes, [i for i in chosen[:budget] if nodes[i].score >= floor])
+        kept = [i for k, i in enumerate(chosen[:budget]) if nodes[i].score >= self._floor(ctx, k)]
+        return closed(nodes, kept)
+
+    def _floor(self, ctx: DraftContext, rank: int) -> float:
+        """The least log path probability at which the ``rank``-th most probable node
+        (0-based) is drafted: ``min_prob``'s, or with ``min_prob=price`` the price of the
+        pass's ``rank + 2``-th token over its ``rank + 1``-th, in one-token steps (a node
+        accepted with at least that probability wins what it costs; the shipped head's path
+        probabilities track how often its nodes are accepted, docs/eagle.md)."""
+        p = self.min_prob
+        if p is None:
+            policy = ctx.exit_policy
+            cost = policy.pass_cost if policy is not None and policy.prices_drafts else None
+            p = 0.0 if cost is None else cost(rank + 2) - cost(rank + 1)
+        return math.log(p) if p > 0 else -math.inf
 
     def _scores(self, feat: torch.Tensor) -> torch.Tensor:
         """The head's logits over the draft vocabulary ``[..., Vd]`` for features ``feat``."""

@@ -54,8 +54,10 @@ log = logging.getLogger("specd.plugins")
 #: Options of parts that differ from the part's own defaults inside ``hybrid``.
 PART_DEFAULTS: dict[str, dict[str, Any]] = {"ngram": {"min_n": 2}}
 #: Options every part of these names gets unless given others, wherever it stands: hybrid
-#: decides itself when its head part rests (:meth:`HybridDrafter._rest`).
-PART_ALWAYS: dict[str, dict[str, Any]] = {"eagle": {"rest": False}}
+#: decides itself when its head part rests (:meth:`HybridDrafter._rest`), and the head drafts
+#: only the nodes whose probability covers what they add to the verify pass (a call that
+#: drafts nothing is priced as one: its time for no tokens).
+PART_ALWAYS: dict[str, dict[str, Any]] = {"eagle": {"rest": False, "min_prob": "price"}}
 #: A part priced out is asked again after this many steps without it, then after twice as
 #: many each time it still does not pay, up to PROBE_MAX.
 PROBE_EVERY = 8
@@ -219,7 +221,9 @@ class HybridDrafter(Drafter):
             t = clock()
             draft = part.propose(ctx, left)
             nodes = 0 if draft is None else len(draft)
-            self._asked.append((i, nodes, clock() - t))
+            # a call's price is what it costs asked at every step: not a catch-up on the
+            # entries of the steps it was priced out of (which a probe pays once)
+            self._asked.append((i, nodes, clock() - t - getattr(part, "catch_up_s", 0.0)))
             if draft is None or nodes == 0:
                 continue
             if not draft.deterministic:
