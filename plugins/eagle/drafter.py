@@ -2,7 +2,8 @@
 
 The target returns its last hidden states with every verify pass (``wants_hidden``), so the
 head's true entries cost no extra target work: after each step the drafter appends one entry
-per committed token to its own small KV cache and drafts from the last one. Through the
+per committed token to its own small KV cache (:mod:`.entries`) and drafts from the last
+one. Through the
 step kernel (:mod:`.kernel`, where it runs) each call feeds a draft's entries (fed the head's
 own predicted features) again with a tree mask, and they never enter the cache; through
 PyTorch they are appended while drafting and cropped away before the draft is returned.
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import bisect
 import math
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -34,15 +34,15 @@ from specd import (
     DraftContext,
     Drafter,
     DrafterUnavailable,
-    KVCache,
     Target,
     sample,
     warp,
 )
 
+from .entries import HeadEntries
 from .head import EagleHead
 from .headfile import RANDOM, HeadMismatchError, load_head, random_head, shipped_head
-from .kernel import HeadKernel, head_kernel
+from .kernel import head_kernel
 from .rest import Rest
 from .tree import Node, as_draft, closed
 
@@ -50,7 +50,7 @@ from .tree import Node, as_draft, closed
 PRICE = "price"
 
 
-class EagleDrafter(Drafter):
+class EagleDrafter(HeadEntries, Drafter):
     """:param head: path of a head file (default: the head shipped for the target's model;
     ``random``: an untrained head, for tests).
     :param topk: children per expanded node (greedy trees). :param width: nodes expanded
@@ -85,9 +85,9 @@ class EagleDrafter(Drafter):
         self.head_path = None if head is None else Path(head)
         if self.head_path is not None and head != RANDOM and not self.head_path.is_file():
             raise BadInputError(f"eagle option head={head!r}: no such file")
+        HeadEntries.__init__(self, window)
         self.topk = max(1, int(topk))
         self.width = max(1, int(width))
-        self.window = max(1, int(window))
         self.feature_rows = self.window  # older features are never fed (_feed)
         self.max_draft = int(max_draft)
         self.min_prob: float | None = None  # None: each node's price (_floor)
@@ -104,32 +104,9 @@ class EagleDrafter(Drafter):
             raise BadInputError(f"eagle option rest={rest!r}: expected true or false")
         self.rest = rest
         self._rest = Rest()
-        #: seconds of the last proposal spent catching up on the entries of a prompt or of
-        #: steps before the last one (those since it was last asked): not what a call costs
-        #: where it is asked at every step (``hybrid`` prices its parts by that)
-        self.catch_up_s = 0.0
-        self._step_rows = 0  # features the last step's commit brought (0: none yet)
         self._for: Target | None = None
-        self._head: EagleHead | None = None
-        #: the head as one call of the step kernel, where it runs (None: through PyTorch)
-        self._kernel: HeadKernel | None = None
-        self._reset()
 
-    # -- state ----------------------------------------------------------------------------
-
-    def _reset(self) -> None:
-        # the keys and values of the head's entries, one layer appended in place (float32
-        # where the kernel reads them, whatever the head's dtype)
-        self._cache = KVCache(1, capacity=64, dtype=torch.float32 if self._kernel else None)
-        self._pos: list[int] = []  # position of each true entry (ascending)
-        # [H] the head's output for each true entry (None: not computed, see _root)
-        self._outs: list[torch.Tensor | None] = []
-        self._ins: list[torch.Tensor] = []  # [H] the target feature each true entry read
-        self._tokens: list[int] = []  # the sequence the entries describe
-        self._feat: torch.Tensor | None = None  # [P, H] features not yet fed
-        self._feat_start = 0  # position of self._feat[0]
-        # [Vd] the kernel's draft-vocabulary scores of the newest true entry, where it fed it
-        self._root_scores: torch.Tensor | None = None
+    # -- the head -------------------------------------------------------------------------
 
     def _load(self, target: Target) -> EagleHead:
         if self._head is None or self._for is not target:
@@ -160,24 +137,6 @@ class EagleDrafter(Drafter):
             self._kernel = head_kernel(self._head, target, self._lm_rows)
             self._reset()
         return self._head
-
-    def _crop(self, entries: int) -> None:
-        """Keep the first ``entries`` cache entries (true ones, or true plus draft ones)."""
-        self._cache.crop(entries)
-
-    def _take_features(self, ctx: DraftContext) -> None:
-        """Queue ``ctx.hidden``: the features of the tokens just before the first one the
-        target's cache does not hold (the pending one, or prompt tokens the prefill left)."""
-        hidden, ctx.hidden = ctx.hidden, None
-        if hidden is None or hidden.shape[0] == 0:
-            return
-        feat = hidden  # the target's features: its last hidden states after the final norm
-        end = ctx.cache.length if ctx.cache is not None else len(ctx.tokens) - 1
-        start = end - feat.shape[0]
-        if self._feat is not None and self._feat_start + self._feat.shape[0] == start:
-            self._feat = torch.cat([self._feat, feat])
-        else:
-            self._feat, self._feat_start = feat, start
 
     # -- the Drafter interface ------------------------------------------------------------
 
@@ -248,119 +207,6 @@ class EagleDrafter(Drafter):
 
     # -- drafting -------------------------------------------------------------------------
 
-    def _feed(self, tokens: list[int], pending: int) -> None:
-        """Append true entries for every queued feature whose next token is known."""
-        if self._feat is None:
-            return
-        start, end = self._feat_start, self._feat_start + self._feat.shape[0]
-        last = min(end, pending)  # exclusive: the pending token's feature comes later
-        # entries older than the window would never be attended to: a long prompt costs
-        # no more to catch up on than ``window`` tokens
-        first = max(start, self._pos[-1] + 1 if self._pos else 0, last - self.window)
-        if first < last:
-            t = time.perf_counter()
-            feat = self._feat[first - start : last - start]
-            nxt = torch.tensor(tokens[first + 1 : last + 1], device=feat.device)
-            positions = list(range(first, last))
-            if self._kernel is not None and last - first <= self._kernel.max_entries:
-                scores, out = self._kernel_entries(feat, nxt, positions, None, keep=True)
-                self._root_scores = scores[-1]
-            else:
-                # only the newest entry's output is read (the root of the next draft): the
-                # others need their keys and values, not the layer's attention and MLP
-                out = self._entries(feat, nxt, positions, None, last_only=True)
-                self._root_scores = None
-            self._pos.extend(range(first, last))
-            self._outs.extend([None] * (last - first - 1) + [out[-1]])
-            self._ins.extend(feat)
-            # the entries of steps before the last one (or of the prompt): a catch-up
-            n = last - first
-            self.catch_up_s = (time.perf_counter() - t) * max(0, n - self._step_rows) / n
-        if last >= end:
-            self._feat = None
-        elif last > start:
-            self._feat, self._feat_start = self._feat[last - start :], last
-
-    def _entries(
-        self,
-        feat: torch.Tensor,
-        tokens: torch.Tensor,
-        positions: list[int],
-        ancestors: list[list[int]] | None,
-        last_only: bool = False,
-    ) -> torch.Tensor:
-        """Run the head over new entries and append them to its cache.
-
-        :param ancestors: per entry, the cache indices of the draft entries it may see
-            besides the true ones (None: true entries in causal order).
-        :param last_only: compute the output of the last entry only.
-        :returns: the predicted next features ``[T, H]`` (``[1, H]`` with ``last_only``)."""
-        head = self._head
-        assert head is not None
-        x = head.entries(feat[None], self._embed[tokens][None])  # [1, T, H]
-        pos = torch.tensor(positions, device=x.device)
-        q, k, v = head.keys_values(x, pos)
-        true, old = len(self._pos), self._cache.length
-        keys, values = self._cache.layer(0).update(k, v)
-        t, s = k.shape[2], self._cache.length
-        # the oldest true entry still attended to: the ones before it are left out of the
-        # attention (columns of the mask count from it)
-        lo = min(max(0, true - self.window), old)
-        mask: torch.Tensor | None = None  # causal: the head builds it where rows need it
-        if ancestors is not None:
-            mask = torch.zeros(t, s - lo, dtype=torch.bool, device=x.device)
-            mask[:, : true - lo] = True
-            for row, seen in enumerate(ancestors):
-                mask[row, [i - lo for i in seen]] = True  # draft entries: past the true ones
-                mask[row, old + row - lo] = True
-        if last_only:  # (the last of a causal batch sees every entry attended to)
-            x, q = x[:, -1:], q[:, :, -1:]
-            mask = None if mask is None else mask[-1:]
-        return head.finish(x, q, keys[:, :, lo:], values[:, :, lo:], mask)[0]
-
-    def _kernel_entries(
-        self,
-        feat: torch.Tensor,
-        tokens: torch.Tensor,
-        positions: list[int],
-        tree: torch.Tensor | None,
-        keep: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`_entries` in one call of the step kernel (:mod:`.kernel`): the new entries
-        see the window's true entries and each other as ``tree`` says (None: causal).
-        :param keep: append them to the cache (true entries; drafts are fed again instead).
-        :returns: their draft-vocabulary scores ``[T, Vd]`` and outputs ``[T, H]``."""
-        head, kernel = self._head, self._kernel
-        assert head is not None and kernel is not None
-        feat = feat.to(head.ln1.dtype)  # the kernel's outputs are float32 whatever the head's
-        x = head.entries(feat[None], self._embed[tokens][None])[0]
-        true, old = len(self._pos), self._cache.length
-        lo = min(max(0, true - self.window), old)
-        return kernel.run(x, positions, self._cache, lo, tree, keep)
-
-    def _root_logp(self) -> torch.Tensor:
-        """Log probabilities over the draft vocabulary ``[Vd]`` after the newest true entry."""
-        if self._root_scores is not None:
-            return torch.log_softmax(self._root_scores.float(), -1)
-        return self._logp(self._root()[None])[0]
-
-    def _root(self) -> torch.Tensor:
-        """The newest true entry's output ``[H]``, computed now if its batch skipped it (a
-        request that kept entries up to one fed in the middle of a batch)."""
-        out = self._outs[-1]
-        if out is None:
-            head = self._head
-            layer = self._cache.layer(0)
-            assert head is not None and layer.keys is not None and layer.values is not None
-            n, p = len(self._pos), self._pos[-1]
-            tok = torch.tensor([self._tokens[p + 1]], device=self._ins[-1].device)
-            x = head.entries(self._ins[-1][None, None], self._embed[tok][None])
-            q, _, _ = head.keys_values(x, torch.tensor([p], device=x.device))
-            lo = max(0, n - 1 - self.window)  # the entries it attends to: the window's
-            out = head.finish(x, q, layer.keys[:, :, lo:n], layer.values[:, :, lo:n], None)[0, 0]
-            self._outs[-1] = out
-        return out
-
     def _tree(self, ctx: DraftContext, budget: int, pending: int) -> list[Node]:
         nodes: list[Node] = []
         floor = self._floor(ctx, 0)
@@ -401,15 +247,6 @@ class EagleDrafter(Drafter):
             cost = policy.pass_cost if policy is not None and policy.prices_drafts else None
             p = 0.0 if cost is None else cost(rank + 2) - cost(rank + 1)
         return math.log(p) if p > 0 else -math.inf
-
-    def _scores(self, feat: torch.Tensor) -> torch.Tensor:
-        """The head's logits over the draft vocabulary ``[..., Vd]`` for features ``feat``."""
-        product = self._head.product  # type: ignore[union-attr]
-        return feat @ self._lm_rows.T if product is None else product(feat, self._lm_rows)
-
-    def _logp(self, feats: torch.Tensor) -> torch.Tensor:
-        """Log probabilities over the draft vocabulary ``[F, Vd]``, one product for all."""
-        return torch.log_softmax(self._scores(feats).float(), -1)
 
     def _children(
         self,

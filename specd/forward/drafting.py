@@ -1,7 +1,8 @@
 """What a drafter's own small layers multiply by, as the target stores its weights
-(``Target.linear``, ``Target.small_weight``, ``Target.lm_head_rows``): a few rows at a time,
-outside the step, read the way the target reads its own weights on this machine; and a
-drafter's own decoder layer in one call of the step kernel (``Target.layer_step``)."""
+(:class:`DrafterWeights`, which ``Target`` offers: ``linear``, ``small_weight``,
+``lm_head_rows``): a few rows at a time, outside the step, read the way the target reads its
+own weights on this machine; and a drafter's own decoder layer in one call of the step
+kernel (``layer_step``)."""
 
 from __future__ import annotations
 
@@ -121,3 +122,42 @@ def layer_step(
     except (ValueError, RuntimeError):
         return None
     return LayerStep(step)
+
+
+class DrafterWeights:
+    """The target's offer to a drafter's own layers (``Target`` inherits it): its products
+    for a few rows, its weights rounded for them, its LM head's rows as stored, and its step
+    kernel for a decoder layer of its shapes."""
+
+    model: Any
+    fast: FastDecoder | None
+    few_rows = FEW_ROWS  #: the most rows :meth:`linear` reads blocks for in the kernel
+
+    def linear(self, x: torch.Tensor, w: torch.Tensor | BlockWeight) -> torch.Tensor:
+        """``x @ w.T`` for a drafter's own small layers and the LM head rows it reads
+        (:meth:`lm_head_rows`): for a few float32 rows on the CPU, the step kernel's product
+        (:func:`.blocks.product`: blocks read as stored); else the way the lean forward
+        computes products of a few rows on this machine (weight-major where it measured
+        faster, :mod:`.products`)."""
+        return blocks.product(x, w, fallback=self._few_rows)
+
+    def small_weight(self, w: torch.Tensor) -> torch.Tensor | BlockWeight:
+        """A drafter's weight ``w`` as :meth:`linear` reads it fastest (:func:`small_weight`:
+        Q8_0 blocks where the target runs on blocks)."""
+        return small_weight(self.model, w)
+
+    def _few_rows(
+        self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return few_rows(self.fast, x, w, b)
+
+    def lm_head_rows(self, index: torch.Tensor) -> torch.Tensor | BlockWeight:
+        """The LM head's rows ``index`` as the target stores them (:func:`lm_head_rows`)."""
+        return lm_head_rows(self.model, index)
+
+    def layer_step(
+        self, weights: dict[str, torch.Tensor], lm: Any, *, heads: int, kv_heads: int, eps: float
+    ) -> LayerStep | None:
+        """A drafter's own decoder layer with ``lm`` as its LM head in one call of the step
+        kernel (:func:`layer_step`), or None where that does not run here."""
+        return layer_step(self.model, weights, lm, heads=heads, kv_heads=kv_heads, eps=eps)

@@ -13,7 +13,7 @@ import torch
 
 from ..errors import BadInputError
 from ..kvcache import KVCache
-from . import architectures, blocks, drafting, early_layers, lean_model, pricing
+from . import architectures, drafting, early_layers, lean_model, pricing
 from .blocks import BlockWeight
 from .compiled import CompiledStep, KernelStep, choose
 from .fastpath import FastDecoder
@@ -37,9 +37,10 @@ class ForwardOut:
     hidden: torch.Tensor | None = None  # [T, H], the last hidden states after the final norm
 
 
-class Target:
+class Target(drafting.DrafterWeights):
     """A causal LM served by the engine: a Hugging Face model, or a Llama-style checkpoint
     loaded without transformers (:mod:`.lean_model`), which runs the lean forward always.
+    What a drafter's own layers read of it: :class:`.drafting.DrafterWeights`.
 
     ``forward`` runs the model over new tokens, appending their keys and values to the given
     cache. A token tree is fed as its nodes in order with ``parents`` (index into the fed
@@ -118,26 +119,6 @@ class Target:
             raise BadInputError(f"packed weights: expected one of {PACK_CHOICES}, got {mode!r}")
         return self.fast is not None and self.fast.pack(mode)
 
-    def linear(self, x: torch.Tensor, w: torch.Tensor | BlockWeight) -> torch.Tensor:
-        """``x @ w.T`` for a drafter's own small layers and the LM head rows it reads
-        (:meth:`lm_head_rows`): for a few float32 rows on the CPU, the step kernel's product
-        (:func:`.blocks.product`: blocks read as stored); else the way the lean forward
-        computes products of a few rows on this machine (weight-major where it measured
-        faster, :mod:`.products`)."""
-        return blocks.product(x, w, fallback=self._few_rows)
-
-    few_rows = drafting.FEW_ROWS  #: the most rows :meth:`linear` reads blocks for in the kernel
-
-    def small_weight(self, w: torch.Tensor) -> torch.Tensor | BlockWeight:
-        """A drafter's weight ``w`` as :meth:`linear` reads it fastest (:func:`.drafting.small_weight`:
-        Q8_0 blocks where the target runs on blocks)."""
-        return drafting.small_weight(self.model, w)
-
-    def _few_rows(
-        self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        return drafting.few_rows(self.fast, x, w, b)
-
     def remembered(self, kind: str, compute: Callable[[], str]) -> str:
         """``compute()``, a string that depends on this target's weights alone, kept across
         starts (the cache directory, :func:`.pricing.keep`) under what tells the weights
@@ -155,17 +136,6 @@ class Target:
         value = compute()
         pricing.keep(key, "remembered", {"value": value})
         return value
-
-    def lm_head_rows(self, index: torch.Tensor) -> torch.Tensor | BlockWeight:
-        """The LM head's rows ``index`` as the target stores them (:func:`.drafting.lm_head_rows`)."""
-        return drafting.lm_head_rows(self.model, index)
-
-    def layer_step(
-        self, weights: dict[str, torch.Tensor], lm: Any, *, heads: int, kv_heads: int, eps: float
-    ) -> drafting.LayerStep | None:
-        """A drafter's own decoder layer with ``lm`` as its LM head in one call of the step
-        kernel (:func:`.drafting.layer_step`), or None where that does not run here."""
-        return drafting.layer_step(self.model, weights, lm, heads=heads, kv_heads=kv_heads, eps=eps)
 
     @property
     def max_positions(self) -> int:
