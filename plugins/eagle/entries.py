@@ -127,12 +127,9 @@ class HeadEntries:
         x = head.entries(feat[None], self._embed[tokens][None])  # [1, T, H]
         pos = torch.tensor(positions, device=x.device)
         q, k, v = head.keys_values(x, pos)
-        true, old = len(self._pos), self._cache.length
+        true, old, lo = len(self._pos), self._cache.length, self._window_start()
         keys, values = self._cache.layer(0).update(k, v)
         t, s = k.shape[2], self._cache.length
-        # the oldest true entry still attended to: the ones before it are left out of the
-        # attention (columns of the mask count from it)
-        lo = min(max(0, true - self.window), old)
         mask: torch.Tensor | None = None  # causal: the head builds it where rows need it
         if ancestors is not None:
             mask = torch.zeros(t, s - lo, dtype=torch.bool, device=x.device)
@@ -161,9 +158,12 @@ class HeadEntries:
         assert head is not None and kernel is not None
         feat = feat.to(head.ln1.dtype)  # the kernel's outputs are float32 whatever the head's
         x = head.entries(feat[None], self._embed[tokens][None])[0]
-        true, old = len(self._pos), self._cache.length
-        lo = min(max(0, true - self.window), old)
-        return kernel.run(x, positions, self._cache, lo, tree, keep)
+        return kernel.run(x, positions, self._cache, self._window_start(), tree, keep)
+
+    def _window_start(self) -> int:
+        """The oldest cache entry new entries attend to, the window's first true one: the
+        ones before it are left out of the attention (a mask's columns count from it)."""
+        return min(max(0, len(self._pos) - self.window), self._cache.length)
 
     def _root_logp(self) -> torch.Tensor:
         """Log probabilities over the draft vocabulary ``[Vd]`` after the newest true entry."""
