@@ -38,18 +38,22 @@ from typing import ClassVar
 import torch
 
 from specd import (
+    MAX_DRAFT,
     BadInputError,
     Draft,
     DraftContext,
     Drafter,
     KVCache,
     Target,
+    checks,
     hookimpl,
     sample,
     warp,
 )
 
 TREES = ("chain", "iid", "topk")
+#: The most children per level of a tree (each a row of the draft model's pass).
+MAX_BRANCH = 64
 
 
 class DraftModelDrafter(Drafter):
@@ -81,10 +85,8 @@ class DraftModelDrafter(Drafter):
             )
         if tree not in TREES:
             raise BadInputError(f"draft_model tree must be one of {', '.join(TREES)}, got {tree!r}")
-        if not isinstance(branch, int) or branch < 1:
-            raise BadInputError(f"draft_model branch must be an integer >= 1, got {branch!r}")
-        if not isinstance(max_draft, int) or max_draft < 1:
-            raise BadInputError(f"draft_model max_draft must be an integer >= 1, got {max_draft!r}")
+        branch = checks.integer("draft_model", "branch", branch, hi=MAX_BRANCH)
+        max_draft = checks.integer("draft_model", "max_draft", max_draft, hi=MAX_DRAFT)
         self.model_spec = str(model)
         self.tree = tree
         self.branch = branch if tree != "chain" else 1

@@ -11,7 +11,17 @@ from __future__ import annotations
 
 import torch
 
-from specd import Draft, DraftContext, Drafter, hookimpl, sample, warp
+from specd import (
+    MAX_DRAFT,
+    Draft,
+    DraftContext,
+    Drafter,
+    DrafterUnavailable,
+    checks,
+    hookimpl,
+    sample,
+    warp,
+)
 
 
 class EarlyExitDrafter(Drafter):
@@ -21,8 +31,8 @@ class EarlyExitDrafter(Drafter):
     name = "early_exit"
 
     def __init__(self, layer: int | None = None, max_draft: int = 6) -> None:
-        self.layer = None if layer is None else int(layer)
-        self.max_draft = int(max_draft)
+        self.layer = checks.optional_integer("early_exit", "layer", layer)
+        self.max_draft = checks.integer("early_exit", "max_draft", max_draft, hi=MAX_DRAFT)
         self._exit = 1
 
     def start(self, ctx: DraftContext) -> None:
@@ -32,7 +42,12 @@ class EarlyExitDrafter(Drafter):
         chosen = ctx.exit_policy.exit_layer(n) if ctx.exit_policy is not None else None
         layer = chosen or self.layer or max(1, n // 4)
         if not 1 <= layer < n:
-            raise ValueError(f"early_exit layer must be in [1, {n - 1}], got {layer}")
+            if chosen:  # the exit policy's choice
+                raise ValueError(f"early_exit layer must be in [1, {n - 1}], got {layer}")
+            raise DrafterUnavailable(
+                f"early_exit option layer={layer}: expected an integer from 1 to {n - 1} "
+                f"({ctx.target.name!r} has {n} layers)"
+            )
         self._exit = layer
 
     def propose(self, ctx: DraftContext, budget: int) -> Draft | None:

@@ -12,7 +12,22 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import ClassVar
 
-from specd import Draft, DraftContext, Drafter, NgramIndex, hookimpl
+from specd import (
+    MAX_DRAFT,
+    BadInputError,
+    Draft,
+    DraftContext,
+    Drafter,
+    NgramIndex,
+    checks,
+    hookimpl,
+)
+
+#: The longest n-gram matched: the index keeps an entry per position and length, so its
+#: size grows with both.
+MAX_N = 32
+#: The most disagreeing occurrences a tree is drafted from (each kept per n-gram).
+MAX_BRANCHES = 16
 
 
 class NgramDrafter(Drafter):
@@ -37,14 +52,16 @@ class NgramDrafter(Drafter):
         branches: int = 1,
         branch_len: int = 2,
     ) -> None:
-        self.min_n = int(min_n)
-        self.max_n = int(max_n)
-        if not 1 <= self.min_n <= self.max_n:
-            raise ValueError(f"need 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
-        self.max_draft = int(max_draft)
-        self.use_corpus = bool(use_corpus)
-        self.branches = max(1, int(branches))
-        self.branch_len = max(1, int(branch_len))
+        self.min_n = checks.integer("ngram", "min_n", min_n, hi=MAX_N)
+        self.max_n = checks.integer("ngram", "max_n", max_n, hi=MAX_N)
+        if self.min_n > self.max_n:
+            raise BadInputError(
+                f"ngram options min_n={min_n!r}, max_n={max_n!r}: expected min_n <= max_n"
+            )
+        self.max_draft = checks.integer("ngram", "max_draft", max_draft, hi=MAX_DRAFT)
+        self.use_corpus = checks.flag("ngram", "use_corpus", use_corpus)
+        self.branches = checks.integer("ngram", "branches", branches, hi=MAX_BRANCHES)
+        self.branch_len = checks.integer("ngram", "branch_len", branch_len, hi=MAX_DRAFT)
         self._index = self._new_index(())
 
     def _new_index(self, tokens: Iterable[int]) -> NgramIndex:

@@ -19,7 +19,10 @@ repeat where the last one's did not. It only chooses lengths: the output is the 
 
 from __future__ import annotations
 
-from specd import ExitPolicy, hookimpl
+from specd import MAX_DRAFT, ExitPolicy, checks, hookimpl
+
+#: The longest wait between probes, in steps.
+MAX_PROBE = 1 << 16
 
 
 class FixedPolicy(ExitPolicy):
@@ -29,8 +32,8 @@ class FixedPolicy(ExitPolicy):
     name = "fixed"
 
     def __init__(self, budget: int | None = None, min_confidence: float = 0.0) -> None:
-        self.budget = budget
-        self.min_confidence = float(min_confidence)
+        self.budget = checks.optional_integer("fixed", "budget", budget, lo=0, hi=MAX_DRAFT)
+        self.min_confidence = checks.number("fixed", "min_confidence", min_confidence, lo=0, hi=1)
         self._max = 0
 
     def start(self, max_budget: int) -> None:
@@ -62,12 +65,16 @@ class AdaptivePolicy(ExitPolicy):
         probe_max: int = 64,
         ema: float = 0.3,
     ) -> None:
-        self.start_budget = int(start_budget)
-        self.min_confidence = float(min_confidence)
-        self.collapse = float(collapse)
-        self.probe_every = int(probe_every)
-        self.probe_max = max(self.probe_every, int(probe_max))
-        self.ema = float(ema)
+        self.start_budget = checks.integer("adaptive", "start_budget", start_budget, hi=MAX_DRAFT)
+        self.min_confidence = checks.number(
+            "adaptive", "min_confidence", min_confidence, lo=0, hi=1
+        )
+        self.collapse = checks.number("adaptive", "collapse", collapse, lo=0, hi=1)
+        self.probe_every = checks.integer("adaptive", "probe_every", probe_every, hi=MAX_PROBE)
+        # a longer wait between probes than the default's never shortens the longest
+        probe_max = checks.integer("adaptive", "probe_max", probe_max, hi=MAX_PROBE)
+        self.probe_max = max(self.probe_every, probe_max)
+        self.ema = checks.number("adaptive", "ema", ema, lo=0, hi=1, above=True)
         self._max = 0
         self._budget = 0
         self._rate = 1.0

@@ -29,7 +29,13 @@ if TYPE_CHECKING:
     from .healing import Constraint
     from .hookspecs import hookimpl
     from .kvcache import KVCache
-    from .limits import ContextLengthExceeded, ContextLimits, RequestMemory, request_memory
+    from .limits import (
+        MAX_DRAFT,
+        ContextLengthExceeded,
+        ContextLimits,
+        RequestMemory,
+        request_memory,
+    )
     from .ngram_index import CorpusIndex, NgramIndex
     from .registry import make_drafter
     from .sampling import SamplingParams, argmax, sample, warp
@@ -55,6 +61,7 @@ _SOURCES = {
     "ExitPolicy": "api",
     "Generation": "generation",
     "KVCache": "kvcache",
+    "MAX_DRAFT": "limits",
     "ModelNotFoundError": "errors",
     "NgramIndex": "ngram_index",
     "PluginError": "errors",
@@ -95,6 +102,7 @@ __all__ = [
     "ExitPolicy",
     "Generation",
     "KVCache",
+    "MAX_DRAFT",
     "ModelNotFoundError",
     "NgramIndex",
     "PluginError",

@@ -32,7 +32,7 @@ from .generation import Completion, Delta, Emitter, Generation
 from .healing import Constraint, Guide, TokenBytes, heal
 from .isolation import PluginGuard
 from .kvcache import KVCache
-from .limits import ContextLimits, RequestMemory, request_memory
+from .limits import MAX_DRAFT, ContextLimits, RequestMemory, request_memory
 from .ngram_index import Corpus
 from .prefix_cache import PrefixCache
 from .prompts import FEED_TOKENS, Prompts
@@ -59,7 +59,8 @@ class Engine(Prompts):
     :param verifier: default verifier name; None picks ``greedy`` for temperature 0 and
         ``rejection`` otherwise.
     :param exit_policy: default exit-policy name.
-    :param max_draft: the most draft tokens one step may verify.
+    :param max_draft: the most draft tokens one step may verify (0 to
+        :data:`~specd.limits.MAX_DRAFT`).
     :param drafter_options: constructor options per drafter name.
     :param prefix_cache_entries: how many sequences' KV caches to keep between requests.
     :param prefix_cache_bytes: cap on their total size (None: no cap beyond the count).
@@ -82,8 +83,10 @@ class Engine(Prompts):
         plugin_failure_limit: int = 3,
         plugin_timeout_s: float | None = 5.0,
     ) -> None:
-        if max_draft < 0:
-            raise BadInputError(f"max_draft must be >= 0, got {max_draft}")
+        if isinstance(max_draft, bool) or not isinstance(max_draft, int):
+            raise BadInputError(f"max_draft must be an integer, got {max_draft!r}")
+        if not 0 <= max_draft <= MAX_DRAFT:
+            raise BadInputError(f"max_draft must be from 0 to {MAX_DRAFT}, got {max_draft:,}")
         if prefix_cache_entries < 1:
             raise BadInputError(f"prefix_cache_entries must be >= 1, got {prefix_cache_entries}")
         if prefix_cache_bytes is not None and prefix_cache_bytes < 1:

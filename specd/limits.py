@@ -28,6 +28,11 @@ if TYPE_CHECKING:
 #: A character takes at most this many bytes in UTF-8: a file this many times larger than
 #: the characters a window holds cannot fit, whatever it says.
 UTF8_MAX_BYTES = 4
+#: The most draft tokens one step may verify (``Engine(max_draft=...)``, ``--max-draft``, a
+#: drafter's own ``max_draft``): four times the widest draft trees published (EAGLE-2
+#: verifies up to 60 nodes a step, Medusa 64). A verify pass is that many rows wider than a
+#: step and the exit policies keep a figure per draft position, so the bound comes first.
+MAX_DRAFT = 256
 
 
 class ContextLengthExceeded(BadInputError):

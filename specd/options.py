@@ -113,7 +113,7 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--exit-policy", default="adaptive", help="exit policy name (default: adaptive)")
     g.add_argument(
-        "--max-draft", type=int, default=8, help="most draft tokens per step (default: 8)"
+        "--max-draft", type=int, default=8, help="most draft tokens per step, 0-256 (default: 8)"
     )
     g.add_argument("--max-tokens", type=int, default=64)
     g.add_argument("--temperature", type=float, default=0.0)

@@ -48,7 +48,8 @@ def test_greedy_early_exit_is_identical_to_plain(prompt, layer):
 def test_bad_layer_falls_back_with_a_reason():
     engine = Engine(TARGET, drafter_options={"early_exit": {"layer": 99}})
     out = engine.generate([1, 2, 3], SamplingParams(max_tokens=4), drafter="early_exit")
-    assert "early_exit" in out.stats.fallback
+    assert "layer=99: expected an integer from 1 to 3" in out.stats.fallback
+    assert engine.plugin_health()["drafter:early_exit"]["disabled"]  # said once, not per request
     assert (
         out.token_ids
         == engine.generate([1, 2, 3], SamplingParams(max_tokens=4), drafter="none").token_ids

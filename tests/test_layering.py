@@ -18,10 +18,11 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 # What ``from specd...`` may name outside the core: the package and its documented modules
 # (docs/architecture.md, Layering): ``specd.options`` for commands, ``specd.jsonrpc`` for
-# the base protocol's framing.
-PUBLIC = {"specd", "specd.options", "specd.jsonrpc"}
-# What a plugin may name: the package, and ``specd.options`` for the commands it adds.
-PLUGIN_PUBLIC = {"specd", "specd.options"}
+# the base protocol's framing, ``specd.checks`` for reading plugin options.
+PUBLIC = {"specd", "specd.options", "specd.jsonrpc", "specd.checks"}
+# What a plugin may name: the package, ``specd.options`` for the commands it adds and
+# ``specd.checks`` for its constructor's options.
+PLUGIN_PUBLIC = {"specd", "specd.options", "specd.checks"}
 
 
 def _modules(folder: str, package: str) -> list[tuple[Path, str]]:

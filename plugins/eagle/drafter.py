@@ -29,12 +29,14 @@ from typing import Any, ClassVar
 import torch
 
 from specd import (
+    MAX_DRAFT,
     BadInputError,
     Draft,
     DraftContext,
     Drafter,
     DrafterUnavailable,
     Target,
+    checks,
     sample,
     warp,
 )
@@ -48,6 +50,11 @@ from .tree import Node, as_draft, closed
 
 #: The ``min_prob`` that keeps a node where its path probability covers its price.
 PRICE = "price"
+#: The most children per node and nodes expanded per depth: a depth's expansion is one head
+#: call over ``width`` x ``topk`` entries.
+MAX_FANOUT = 64
+#: The most true entries the head attends to (it was trained on 512-token sequences).
+MAX_WINDOW = 65536
 
 
 class EagleDrafter(HeadEntries, Drafter):
@@ -85,11 +92,11 @@ class EagleDrafter(HeadEntries, Drafter):
         self.head_path = None if head is None else Path(head)
         if self.head_path is not None and head != RANDOM and not self.head_path.is_file():
             raise BadInputError(f"eagle option head={head!r}: no such file")
-        HeadEntries.__init__(self, window)
-        self.topk = max(1, int(topk))
-        self.width = max(1, int(width))
+        HeadEntries.__init__(self, checks.integer("eagle", "window", window, hi=MAX_WINDOW))
+        self.topk = checks.integer("eagle", "topk", topk, hi=MAX_FANOUT)
+        self.width = checks.integer("eagle", "width", width, hi=MAX_FANOUT)
         self.feature_rows = self.window  # older features are never fed (_feed)
-        self.max_draft = int(max_draft)
+        self.max_draft = checks.integer("eagle", "max_draft", max_draft, hi=MAX_DRAFT)
         self.min_prob: float | None = None  # None: each node's price (_floor)
         if min_prob != PRICE:
             try:
@@ -100,9 +107,7 @@ class EagleDrafter(HeadEntries, Drafter):
                 raise BadInputError(
                     f"eagle option min_prob={min_prob!r}: expected a probability or {PRICE!r}"
                 )
-        if not isinstance(rest, bool):
-            raise BadInputError(f"eagle option rest={rest!r}: expected true or false")
-        self.rest = rest
+        self.rest = checks.flag("eagle", "rest", rest)
         self._rest = Rest()
         self._for: Target | None = None
 

@@ -32,7 +32,7 @@ class HeadEntries:
     _lm_rows: Any
 
     def __init__(self, window: int) -> None:
-        self.window = max(1, int(window))
+        self.window = window
         #: seconds of the last proposal spent catching up on the entries of a prompt or of
         #: steps before the last one (those since it was last asked): not what a call costs
         #: where it is asked at every step (``hybrid`` prices its parts by that)

@@ -45,12 +45,23 @@ import time
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from specd import BadInputError, Draft, DraftContext, Drafter, DrafterUnavailable, make_drafter
+from specd import (
+    MAX_DRAFT,
+    BadInputError,
+    Draft,
+    DraftContext,
+    Drafter,
+    DrafterUnavailable,
+    checks,
+    make_drafter,
+)
 
 from . import rest
 
 log = logging.getLogger("specd.plugins")
 
+#: The most parts one ``hybrid`` combines.
+MAX_PARTS = 8
 #: Options of parts that differ from the part's own defaults inside ``hybrid``.
 PART_DEFAULTS: dict[str, dict[str, Any]] = {"ngram": {"min_n": 2}}
 #: Options every part of these names gets unless given others, wherever it stands: hybrid
@@ -122,6 +133,11 @@ class HybridDrafter(Drafter):
         names = [n.strip() for n in str(drafters).split(",") if n.strip()]
         if not names or self.name in names:
             raise BadInputError(f"hybrid needs other drafters to combine, got {drafters!r}")
+        if len(set(names)) < len(names) or len(names) > MAX_PARTS:
+            raise BadInputError(
+                f"hybrid option drafters={drafters!r}: expected up to {MAX_PARTS} different "
+                "drafter names"
+            )
         given: dict[str, dict[str, Any]] = {n: {} for n in names}
         for key, value in part_options.items():
             part, _, option = key.partition(".")
@@ -131,7 +147,7 @@ class HybridDrafter(Drafter):
                 )
             given[part][option] = value
         self._given = given
-        self.min_len = max(1, int(min_len))
+        self.min_len = checks.integer("hybrid", "min_len", min_len, hi=MAX_DRAFT)
         self._build(names)
 
     def _build(self, names: list[str]) -> None:
@@ -179,7 +195,7 @@ class HybridDrafter(Drafter):
         opts = dict(PART_ALWAYS.get(name, {})) | ({} if last else PART_DEFAULTS.get(name, {}))
         if name == "ngram" and "max_n" in given and "min_n" in opts:
             # the default never contradicts what was given: ngram.max_n=1 matches one token
-            opts["min_n"] = min(opts["min_n"], int(given["max_n"]))
+            opts["min_n"] = min(opts["min_n"], checks.integer("ngram", "max_n", given["max_n"]))
         return opts | given
 
     def start(self, ctx: DraftContext) -> None:

@@ -190,8 +190,16 @@ def test_vocabularies_of_other_sizes_are_fitted():
             BadInputError,
             "tree must be one of chain, iid, topk",
         ),
-        ({"model": "tiny:1", "branch": 0}, BadInputError, "branch must be an integer >= 1"),
-        ({"model": "tiny:1", "max_draft": 0}, BadInputError, "max_draft must be an integer >= 1"),
+        (
+            {"model": "tiny:1", "branch": 0},
+            BadInputError,
+            "branch=0: expected an integer from 1 to 64",
+        ),
+        (
+            {"model": "tiny:1", "max_draft": 0},
+            BadInputError,
+            "max_draft=0: expected an integer from 1 to 256",
+        ),
         ({"model": "/nonexistent/draft"}, ModelNotFoundError, "unknown model"),
     ],
 )

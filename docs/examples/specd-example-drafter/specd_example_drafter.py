@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from specd import Draft, DraftContext, Drafter, hookimpl
+from specd import MAX_DRAFT, Draft, DraftContext, Drafter, checks, hookimpl
 
 
 class BigramDrafter(Drafter):
@@ -22,8 +22,8 @@ class BigramDrafter(Drafter):
     name = "bigram"
 
     def __init__(self, max_draft: int = 8, min_count: int = 1) -> None:
-        self.max_draft = int(max_draft)
-        self.min_count = int(min_count)
+        self.max_draft = checks.integer("bigram", "max_draft", max_draft, hi=MAX_DRAFT)
+        self.min_count = checks.integer("bigram", "min_count", min_count)
         self._reset()
 
     def _reset(self) -> None:
