@@ -8,6 +8,7 @@ refused with a 400 that names it, and so is a value specd cannot honour (``n: 2`
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Annotated, Any, TypeVar
 
@@ -66,6 +67,10 @@ class CompletionBody(msgspec.Struct, kw_only=True):
     best_of: Annotated[int, msgspec.Meta(ge=1)] | None = None
     echo: bool = False
     logprobs: int | None = None
+    # change what the model writes; only their neutral values are served
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
 
     def __post_init__(self) -> None:
         if self.n != 1 or (self.best_of or 1) != 1:
@@ -74,6 +79,7 @@ class CompletionBody(msgspec.Struct, kw_only=True):
             raise BadRequest("echo: not supported", "echo")
         if self.logprobs is not None:
             raise BadRequest("logprobs: not supported", "logprobs")
+        _neutral(self, PENALTIES)
         if self.prompt == []:
             raise BadRequest("prompt: an empty list; send a text or a list of token ids", "prompt")
         if isinstance(self.prompt, list):
@@ -113,6 +119,40 @@ class InfillBody(msgspec.Struct, kw_only=True):
     cache_prompt: bool = True
     response_fields: Annotated[list[str], msgspec.Meta(max_length=MAX_FIELDS)] | None = None
     model: str | None = None
+    # llama.cpp's samplers that change what the model writes; only their neutral values
+    # (llama.cpp's defaults where those are neutral) are served
+    repeat_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: Any = None
+    grammar: str | None = None
+    json_schema: Any = None
+
+    def __post_init__(self) -> None:
+        _neutral(self, INFILL_SAMPLERS)
+
+
+#: Fields that would change the output, each with the values that leave it as it is: a
+#: request that sets another is refused naming the field, not served as if it were unset.
+PENALTIES: dict[str, tuple[Any, ...]] = {
+    "presence_penalty": (None, 0.0),
+    "frequency_penalty": (None, 0.0),
+    "logit_bias": (None, {}),
+}
+INFILL_SAMPLERS: dict[str, tuple[Any, ...]] = {
+    **PENALTIES,
+    "repeat_penalty": (None, 1.0),
+    "logit_bias": (None, {}, []),
+    "grammar": (None, ""),
+    "json_schema": (None, {}),
+}
+
+
+def _neutral(body: Any, fields: dict[str, tuple[Any, ...]]) -> None:
+    for name, neutral in fields.items():
+        if getattr(body, name) not in neutral:
+            allowed = " or ".join("null" if v is None else json.dumps(v) for v in neutral)
+            raise BadRequest(f"{name}: not supported; send {allowed}, or leave it out", name)
 
 
 T = TypeVar("T")

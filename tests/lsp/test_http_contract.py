@@ -1,6 +1,6 @@
 """What ``specd serve --http`` promises about request fields: ``/infill`` honours the
-request's ``stop`` strings, and ``/v1/completions`` refuses ``logprobs`` (which it cannot
-compute) with a 400 naming it. The server is the application run in this process over a
+request's ``stop`` strings, and both refuse what they cannot honour (``logprobs``, a
+penalty, a bias, a grammar) with a 400 naming it. The server is the application run in this process over a
 tiny engine."""
 
 from __future__ import annotations
@@ -78,3 +78,43 @@ def test_logprobs_null_is_the_default_and_served(server):
     status, reply = post(server, "/v1/completions", {"prompt": "x", "logprobs": None})
     assert status == 200
     assert reply["choices"][0]["logprobs"] is None
+
+
+@pytest.mark.parametrize(
+    ("path", "field", "value"),
+    [
+        ("/v1/completions", "frequency_penalty", 0.5),
+        ("/v1/completions", "presence_penalty", -1.0),
+        ("/v1/completions", "logit_bias", {"50256": -100}),
+        ("/infill", "repeat_penalty", 1.1),
+        ("/infill", "frequency_penalty", 0.2),
+        ("/infill", "logit_bias", [[15, False]]),
+        ("/infill", "grammar", 'root ::= "x"'),
+        ("/infill", "json_schema", {"type": "string"}),
+    ],
+)
+def test_a_sampler_specd_does_not_run_is_refused_naming_it(server, path, field, value):
+    """Guards against a penalty, bias or grammar answered with a 200 as if it had been
+    applied: the client would take the model's own text for the one it asked to shape."""
+    body = {"prompt": "x"} if path == "/v1/completions" else {"input_prefix": "x"}
+    status, reply = post(server, path, {**body, field: value})
+    assert status == 400
+    assert reply["error"]["param"] == field
+    assert field in reply["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("path", "neutral"),
+    [
+        ("/v1/completions", {"frequency_penalty": 0, "presence_penalty": 0.0, "logit_bias": {}}),
+        (
+            "/infill",
+            {"repeat_penalty": 1.0, "frequency_penalty": 0, "grammar": "", "logit_bias": []},
+        ),
+    ],
+)
+def test_a_samplers_neutral_value_is_served(server, path, neutral):
+    """Guards against refusing the defaults that clients send whatever they want."""
+    body = {"prompt": "x"} if path == "/v1/completions" else {"input_prefix": "x"}
+    status, _ = post(server, path, {**body, **neutral, "max_tokens": 2, "n_predict": 2})
+    assert status == 200
