@@ -34,6 +34,8 @@ if TYPE_CHECKING:  # ``specd bench --help`` lists the workloads without loading 
 
 #: Default new tokens per prompt, per workload (``--max-tokens`` overrides).
 DEFAULT_MAX_TOKENS = {"editor": 64, "humaneval": 64, "edit": 96, "random": 64}
+#: The workloads whose prompts are cut to ``context_tokens``.
+SIZED = ("editor", "random")
 
 # Parts of the standard library that are tests, vendored or generated code.
 _SKIP_DIRS = {
@@ -102,6 +104,15 @@ def build(
     n_new = max_tokens if max_tokens is not None else DEFAULT_MAX_TOKENS[name]
     if n_new < 1:
         raise BadInputError(f"--max-tokens must be >= 1, got {n_new}")
+    # the prompts and what is asked after them fit in the window, or nothing can be measured
+    window = int(getattr(target, "max_positions", 0) or 0)
+    least = context_tokens if name in SIZED else 1
+    if window and least + n_new > window:
+        sized = f"--context-tokens {context_tokens:,} and " if name in SIZED else "a prompt and "
+        raise BadInputError(
+            f"{sized}--max-tokens {n_new:,} do not fit in the model's context window of "
+            f"{window:,} tokens; ask for fewer"
+        )
     tok = _Tok(target)
     prompts = _BUILDERS[name](
         tok, limit=limit, seed=seed, source=source, context_tokens=context_tokens, max_tokens=n_new

@@ -76,3 +76,19 @@ def test_bad_input(tiny, tmp_path):
         workloads.build("editor", tiny, limit=1, source=tmp_path / "missing")
     with pytest.raises(BadInputError, match="no usable prompt"):
         workloads.build("editor", tiny, limit=1, source=tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("name", "sizes", "said"),
+    [
+        ("editor", {"max_tokens": 10**8}, "--context-tokens 1,024 and --max-tokens 100,000,000"),
+        ("random", {"context_tokens": 10**8}, "--context-tokens 100,000,000 and --max-tokens 64"),
+        ("humaneval", {"max_tokens": 10**8}, "a prompt and --max-tokens 100,000,000"),
+    ],
+)
+def test_sizes_beyond_the_window_are_refused_before_any_prompt_is_built(tiny, name, sizes, said):
+    """Guards against a bench that took ``--max-tokens 99999999`` and ran on, and one that
+    answered ``--context-tokens 99999999`` with "found no usable prompt"."""
+    with pytest.raises(BadInputError, match="do not fit in the model's context window") as e:
+        workloads.build(name, tiny, limit=1, **sizes)
+    assert said in str(e.value)
