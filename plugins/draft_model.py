@@ -99,6 +99,12 @@ class DraftModelDrafter(Drafter):
         self._cached: list[int] = []  # the tokens whose keys and values the cache holds
         if not (self.model_spec == "target" or self.model_spec.startswith("tiny:")):
             self._model = self._load_named()
+        elif dtype is not None or device is not None:
+            given = "dtype" if dtype is not None else "device"
+            raise BadInputError(
+                f"draft_model option {given}: applies to a named draft model, not to "
+                f"model={self.model_spec!r} (the target's, or a tiny model on the CPU)"
+            )
 
     # -- the model and its cache ----------------------------------------------------------
 

@@ -53,7 +53,8 @@ PRICE = "price"
 #: The most children per node and nodes expanded per depth: a depth's expansion is one head
 #: call over ``width`` x ``topk`` entries.
 MAX_FANOUT = 64
-#: The most true entries the head attends to (it was trained on 512-token sequences).
+#: The most true entries the head attends to: a prefill keeps the features of that many of a
+#: prompt's last tokens for it (the head was trained on 512-token sequences).
 MAX_WINDOW = 65536
 
 
