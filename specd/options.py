@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from typing import TYPE_CHECKING, Any
 
 from .errors import BadInputError
@@ -121,6 +122,19 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def thread_count(n: int, flag: str = "--threads") -> int:
+    """``n`` torch threads, or :class:`BadInputError`: from 1 to twice the CPUs this process
+    may run on (each thread is a stack and a spinning worker; more than the CPUs only slows
+    the kernels, and a mistyped count would start thousands)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    most = 2 * max(1, cpus or 1)
+    if not 1 <= n <= most:
+        raise BadInputError(
+            f"{flag} must be from 1 to {most} (twice the {cpus} CPUs this process may use), got {n:,}"
+        )
+    return n
 
 
 def parse_options(items: list[str]) -> dict[str, Any]:

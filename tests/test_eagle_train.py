@@ -98,3 +98,26 @@ def test_a_run_can_start_from_another_head(corpus, tmp_path, capsys):
         + ["--init", str(tmp_path / "missing.safetensors"), "--updates", "1"]
     )
     assert code == EXIT_BAD_INPUT and "missing.safetensors" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        (["--lr", "-1"], "--lr must be a positive number, got -1.0"),
+        (["--lr", "nan"], "--lr must be a positive number, got nan"),
+        (["--minutes", "nan"], "--minutes must be a positive number"),
+        (["--valid-minutes", "0"], "--valid-minutes must be a positive number"),
+        (["--steps", "100000"], "--steps is too large: 100,000 (at most 16)"),
+        (["--batch", "99999"], "--batch is too large: 99,999"),
+        (["--max-tokens", "0"], "--max-tokens must be >= 1, got 0"),
+        (["--seq-len", "99999999"], "--seq-len 99,999,999: 'tiny' attends over"),
+        (["--threads", "100000"], "--threads must be from 1 to"),
+    ],
+)
+def test_sizes_and_rates_are_checked_before_any_text_is_read(corpus, tmp_path, capsys, extra, said):
+    """Guards against ``--lr nan`` training a head of NaNs for its whole budget, and
+    ``--threads 100000`` or ``--steps 100000`` reaching torch."""
+    code = train(corpus, tmp_path / "h.safetensors", "--minutes", "0.01", *extra)
+    assert code == EXIT_BAD_INPUT
+    assert said in capsys.readouterr().err
+    assert not (tmp_path / "h.safetensors.features").exists()  # nothing was extracted

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import shlex
 import sys
 import time
@@ -18,10 +19,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from specd import BadInputError
-from specd.options import EXIT_OK, add_model_args
+from specd.options import EXIT_OK, add_model_args, thread_count
 
 if TYPE_CHECKING:
     from specd import Target
+
+#: The most draft positions unrolled in training (each one more pass of the head over every
+#: sequence of a batch, its activations kept for the backward pass).
+MAX_STEPS = 16
+#: The most sequences in one update.
+MAX_BATCH = 1024
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -84,12 +91,19 @@ def run(args: argparse.Namespace) -> int:
     for name in ("seq_len", "valid_every", "draft_vocab", "steps", "batch"):
         if getattr(args, name) < (2 if name in ("seq_len", "valid_every") else 1):
             raise BadInputError(f"--{name.replace('_', '-')} is too small: {getattr(args, name)}")
-    if args.minutes <= 0:
-        raise BadInputError(f"--minutes must be positive, got {args.minutes}")
+    for name, most in (("steps", MAX_STEPS), ("batch", MAX_BATCH)):
+        if getattr(args, name) > most:
+            raise BadInputError(f"--{name} is too large: {getattr(args, name):,} (at most {most})")
+    for name in ("minutes", "valid_minutes", "lr"):
+        value = getattr(args, name)
+        if not (math.isfinite(value) and value > 0):
+            raise BadInputError(
+                f"--{name.replace('_', '-')} must be a positive number, got {value}"
+            )
+    if args.max_tokens is not None and args.max_tokens < 1:
+        raise BadInputError(f"--max-tokens must be >= 1, got {args.max_tokens}")
     if args.threads is not None:
-        if args.threads < 1:
-            raise BadInputError(f"--threads must be >= 1, got {args.threads}")
-        torch.set_num_threads(args.threads)
+        torch.set_num_threads(thread_count(args.threads))
     torch.manual_seed(args.seed)
     out = Path(args.out)
     command = _command(args)
@@ -108,6 +122,12 @@ def run(args: argparse.Namespace) -> int:
         weights=args.weights,
         drafter="none",
     ).target
+    # what the model can hold, before any file is read for the corpus
+    if args.seq_len > target.max_positions:
+        raise BadInputError(
+            f"--seq-len {args.seq_len:,}: {target.name!r} attends over {target.max_positions:,} "
+            "tokens at most"
+        )
     if args.evaluate:
         return evaluate(args, target, files, say)
     # read before the corpus: a head that cannot be used ends the run before any extraction

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from ..errors import BadInputError
-from ..options import EXIT_OK, add_model_args, parse_options
+from ..options import EXIT_OK, add_model_args, parse_options, thread_count
 from . import session, session_report, workloads
 
 DEFAULT_LIMIT = 8
@@ -27,9 +27,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .probe import TargetSpec
 
     if args.threads is not None:
-        if args.threads < 1:
-            raise BadInputError(f"--threads must be >= 1, got {args.threads}")
-        torch.set_num_threads(args.threads)
+        torch.set_num_threads(thread_count(args.threads))
     if args.repeats < 1:
         raise BadInputError(f"--repeats must be >= 1, got {args.repeats}")
     if args.limit < 1:
@@ -104,8 +102,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_session(args: argparse.Namespace) -> int:
     """The session workload: typing replayed through the daemon (:mod:`.session_report`)."""
-    if args.threads is not None and args.threads < 1:
-        raise BadInputError(f"--threads must be >= 1, got {args.threads}")
+    if args.threads is not None:
+        thread_count(args.threads)
     for out in (args.json, args.markdown):
         if out and out != "-" and not Path(out).expanduser().resolve().parent.is_dir():
             raise BadInputError(f"cannot write {out}: its directory does not exist")
