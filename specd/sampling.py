@@ -14,6 +14,9 @@ import torch
 
 from .errors import BadInputError
 
+#: The seeds a random generator takes (``torch.Generator.manual_seed``: 64 bits, signed or not).
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -31,14 +34,18 @@ class SamplingParams:
             raise BadInputError(f"temperature must be a finite number, got {self.temperature!r}")
         if self.temperature < 0:
             raise BadInputError(f"temperature must be >= 0, got {self.temperature}")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
+        if not _integer(self.top_k) or self.top_k < 0:
             raise BadInputError(f"top_k must be an integer >= 0, got {self.top_k!r}")
         if not (isinstance(self.top_p, (int, float)) and 0.0 < self.top_p <= 1.0):
             raise BadInputError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+        if not _integer(self.max_tokens) or self.max_tokens < 1:
             raise BadInputError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise BadInputError(f"seed must be an integer, got {self.seed!r}")
+        if self.seed is not None and not (
+            _integer(self.seed) and SEED_MIN <= self.seed <= SEED_MAX
+        ):
+            raise BadInputError(
+                f"seed must be an integer from {SEED_MIN} to {SEED_MAX}, got {self.seed!r}"
+            )
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         else:
@@ -112,6 +119,10 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
 def choose(p: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
     """The target's own token from a warped ``[V]`` distribution (plain decoding)."""
     return int(argmax(p)) if params.greedy else sample(p, generator)
+
+
+def _integer(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def make_generator(seed: int | None) -> torch.Generator:

@@ -68,8 +68,21 @@ def test_temperature_matches_softmax():
         ({"top_p": 1.5}, "top_p"),
         ({"max_tokens": 0}, "max_tokens"),
         ({"stop": ("",)}, "stop"),
+        # torch's generator takes 64 bits: a larger seed raised out of the first sampled step
+        ({"seed": 2**64, "temperature": 0.5}, "seed"),
+        ({"seed": -(2**63) - 1, "temperature": 0.5}, "seed"),
+        ({"seed": True}, "seed"),
+        ({"max_tokens": True}, "max_tokens"),
+        ({"top_k": False}, "top_k"),
     ],
 )
 def test_bad_parameters_name_the_field(kwargs, field):
     with pytest.raises(BadInputError, match=field):
         SamplingParams(**kwargs)
+
+
+@pytest.mark.parametrize("seed", [2**64 - 1, -(2**63), 0])
+def test_every_seed_a_generator_takes_is_served(seed):
+    from specd.sampling import make_generator
+
+    make_generator(SamplingParams(seed=seed, temperature=0.5).seed)
