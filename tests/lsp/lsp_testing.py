@@ -86,7 +86,16 @@ class RawClient:
     def next_message(self, timeout: float = 60) -> dict[str, Any]:
         msg = self._messages.get(timeout=timeout)
         if msg is None:
-            raise EOFError("the server closed its output")
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+            time.sleep(0.1)  # the stderr reader's last lines
+            said = b"".join(self.stderr).decode(errors="replace")[-3000:]
+            raise EOFError(
+                f"the server closed its output (exit code {self.proc.returncode}); "
+                f"its stderr ends:\n{said}"
+            )
         return msg
 
     def response(self, msg_id: Any, timeout: float = 60) -> dict[str, Any]:
