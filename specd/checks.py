@@ -15,10 +15,13 @@ bounded before anything is allocated for it.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from .errors import BadInputError
 
+#: Text ``integer`` reads: an optional sign and up to 19 decimal digits.
+_DECIMAL = re.compile(r"[+-]?[0-9]{1,19}")
 #: What ``flag`` reads as true and as false, besides booleans.
 _TRUE = frozenset({"true", "on", "yes", "1"})
 _FALSE = frozenset({"false", "off", "no", "0"})
@@ -54,7 +57,7 @@ def integer(owner: str, name: str, value: Any, *, lo: int | None = 1, hi: int | 
         n = int(value)
     elif isinstance(value, int):
         n = value
-    elif isinstance(value, str) and value.strip().lstrip("+-").isdigit() and len(value) <= 20:
+    elif isinstance(value, str) and _DECIMAL.fullmatch(value.strip()):
         n = int(value)
     else:
         raise _bad(owner, name, value, expected)

@@ -20,7 +20,8 @@ def test_integer_reads_whole_numbers(value):
 
 
 @pytest.mark.parametrize(
-    "value", [True, False, 2.5, "abc", "4.5", None, [4], 0, 9, -1, math.nan, "9" * 40]
+    "value",
+    [True, False, 2.5, "abc", "4.5", None, [4], 0, 9, -1, math.nan, "9" * 40, "--4", "٣", "1_0"],
 )
 def test_integer_refuses_by_name(value):
     with pytest.raises(BadInputError) as e:
