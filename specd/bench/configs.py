@@ -26,6 +26,7 @@ from typing import Any
 
 from .. import registry
 from ..errors import BadInputError
+from ..limits import MAX_DRAFT
 from ..speculation import NO_DRAFTER
 
 HF_PLAIN = "hf-plain"
@@ -139,8 +140,10 @@ def parse(
     drafter, policy, k = m["drafter"], m["policy"], int(m["k"])
     registry.drafter_class(drafter)  # raises UnknownPluginError (a BadInputError)
     registry.exit_policy_class(policy)
-    if k < 1:
-        raise BadInputError(f"configuration {name!r}: the draft length must be >= 1")
+    if not 1 <= k <= MAX_DRAFT:
+        raise BadInputError(
+            f"configuration {name!r}: the draft length must be from 1 to {MAX_DRAFT}"
+        )
     options: dict[str, Any] = {}
     if drafter in MODEL_DRAFTERS:
         if draft_model is None:

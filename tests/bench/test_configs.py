@@ -35,6 +35,7 @@ def test_parse_names():
         "specd-nosuch-fixed-k4",
         "specd-ngram-nosuch-k4",
         "specd-ngram-fixed-k0",
+        "specd-ngram-fixed-k257",  # beyond MAX_DRAFT: refused before the run, not inside it
         "hf-assisted",
     ],
 )
