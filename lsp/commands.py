@@ -194,7 +194,7 @@ def _complete_remote(
     from .client import Client
     from .daemon import parse_address
 
-    host, port = parse_address(args.server, allow_remote=True)
+    host, port = parse_address(args.server, allow_remote=True, flag="--server")
     with Client(host, port) as client:
         client.notify(
             "textDocument/didOpen",
@@ -236,7 +236,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     from .client import Client
     from .daemon import parse_address
 
-    host, port = parse_address(args.server, allow_remote=True)
+    host, port = parse_address(args.server, allow_remote=True, flag="--server")
     with Client(host, port) as client:
         report = client.request("specd/stats", None)
     if args.json:

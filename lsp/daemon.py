@@ -23,25 +23,26 @@ from .service import Service
 log = logging.getLogger(__name__)
 
 
-def parse_address(text: str, *, allow_remote: bool = False) -> tuple[str, int]:
+def parse_address(text: str, *, allow_remote: bool = False, flag: str = "--tcp") -> tuple[str, int]:
     """``HOST:PORT`` (``[::1]:PORT`` for IPv6) -> (host, port). Anything but a loopback
     address is refused unless ``allow_remote``: the daemon has no authentication, and it
-    answers with the contents of the files it is sent."""
+    answers with the contents of the files it is sent. ``flag``: the option that gave
+    ``text``, as the error names it."""
     host, sep, port_text = text.rpartition(":")
     host = host.strip("[]")
     if not sep or not host:
-        raise BadInputError(f"--tcp {text!r}: expected HOST:PORT, e.g. 127.0.0.1:8765")
+        raise BadInputError(f"{flag} {text!r}: expected HOST:PORT, e.g. 127.0.0.1:8765")
     try:
         port = int(port_text)
         if not 0 <= port <= 65535:
             raise ValueError
     except ValueError:
-        raise BadInputError(f"--tcp {text!r}: the port must be a number from 0 to 65535") from None
+        raise BadInputError(f"{flag} {text!r}: the port must be a number from 0 to 65535") from None
     if host == "localhost":
         host = "127.0.0.1"
     if not allow_remote and not is_loopback(host):
         raise BadInputError(
-            f"--tcp {text!r}: {host} is not a loopback address; the daemon has no authentication, "
+            f"{flag} {text!r}: {host} is not a loopback address; the daemon has no authentication, "
             f"so it listens only on 127.0.0.1, ::1 or localhost unless you also pass --allow-remote"
         )
     return host, port

@@ -33,11 +33,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .daemon import listen, parse_address
 
     where = args.tcp or args.http
-    try:
-        address = parse_address(where, allow_remote=args.allow_remote) if where else None
-    except BadInputError as e:
-        flag = "--http" if args.http else "--tcp"
-        raise BadInputError(str(e).replace("--tcp", flag, 1)) from None
+    flag = "--http" if args.http else "--tcp"
+    address = parse_address(where, allow_remote=args.allow_remote, flag=flag) if where else None
     if args.queue < 0:
         raise BadInputError(f"--queue {args.queue}: must be at least 0")
     settings, messages = config.load_settings(args.config, strict=False)

@@ -73,6 +73,21 @@ def test_serve_refuses_a_non_loopback_address(capsys):
     assert main(["serve", "--tcp", "8765", "--model", "tiny"]) == 2
 
 
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["serve", "--http", "0.0.0.0:8765", "--model", "tiny"], "--http"),
+        (["serve", "--tcp", "x:99999", "--model", "tiny"], "--tcp"),
+        (["complete", __file__, "--line", "1", "--col", "1", "--server", "nope"], "--server"),
+        (["stats", "--server", "nope"], "--server"),
+    ],
+)
+def test_a_bad_address_is_named_by_the_flag_that_gave_it(capsys, argv, flag):
+    """Guards against ``--server nope`` reported as ``--tcp 'nope'``."""
+    assert main(argv) == 2
+    assert capsys.readouterr().err.startswith(f"specd: error: {flag} ")
+
+
 @pytest.mark.slow
 def test_daemon_serves_complete_and_stats_over_tcp(source, tmp_path, capsys):
     # Both sides compare the whole completion, so neither may be cut by the time budget
