@@ -25,6 +25,10 @@ from .verifier_checks import verifier_checks
 #: The verifier the engine picks for each decoding mode when none is named.
 DEFAULT_VERIFIERS = {"greedy": "greedy", "sampled": "rejection"}
 MODES = ("greedy", "sampled")
+#: The largest base seed either way: the checks derive their generators' seeds from it times
+#: up to about 8e9 (``drafter_checks``: 7,919 x 1,000,003), which must stay within the 64
+#: bits a generator takes.
+MAX_SEED = 2**30
 
 
 def plan(
@@ -117,9 +121,14 @@ def run(
         weights) or ``bf16``, ``q8``, ``q4`` (blocks, :data:`.engine_scenarios.WEIGHTS`).
     :param on_result: called with each result as it arrives.
     :returns: the report; ``report.passed`` is True when every property held.
-    :raises BadInputError: for a ``weights`` value not in :data:`.engine_scenarios.WEIGHTS`.
+    :raises BadInputError: for a ``weights`` value not in :data:`.engine_scenarios.WEIGHTS`,
+        or a ``seed`` beyond :data:`MAX_SEED` either way.
     """
     check_weights(weights)
+    if isinstance(seed, bool) or not isinstance(seed, int) or abs(seed) > MAX_SEED:
+        raise BadInputError(
+            f"--seed must be an integer from {-MAX_SEED} to {MAX_SEED}, got {seed!r}"
+        )
     verifiers, merged = plan(drafter, verifier, options)
     report = Report(drafter=drafter, verifiers=verifiers, options=merged, weights=WEIGHTS[weights])
     run_checks = checks(drafter, verifiers, merged, seed=seed, thorough=thorough, weights=weights)

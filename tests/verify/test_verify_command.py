@@ -137,6 +137,9 @@ def test_the_command_line_checks_only_the_modes_a_named_verifier_claims():
         (["--drafter", "ngram", "--verifier", "nope"], "unknown verifier 'nope'"),
         (["--drafter", "draft_model", "--drafter-option", "tree=bush"], "tree must be one of"),
         (["--drafter", "ngram", "--drafter-option", "novalue"], "KEY=VALUE"),
+        # the checks seed their generators with the base seed times up to about 8e9
+        (["--drafter", "ngram", "--seed", str(10**23)], "--seed must be an integer from"),
+        (["--verifier", "greedy", "--seed", str(-(2**30) - 1)], "--seed must be an integer from"),
     ],
 )
 def test_bad_input_exits_2_naming_it(capsys, args, needle):
@@ -169,3 +172,15 @@ def test_thorough_reaches_the_engine_checks_with_four_times_the_samples(capsys, 
     assert [s.samples for s in engine_scenarios(thorough=True)] == [
         4 * s.samples for s in SCENARIOS
     ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sign", [1, -1])
+def test_the_largest_base_seeds_reach_every_check(capsys, sign):
+    """Guards against a base seed the command accepts overflowing a generator's 64 bits
+    inside a check (``--seed 10**23`` raised out of the drafter's checks)."""
+    from specd.conformance.suite import MAX_SEED
+
+    code, out, err = verify(capsys, "--drafter", "ngram", "--seed", str(sign * MAX_SEED))
+    assert code == 0, out + err
+    assert "Overflow" not in err
