@@ -30,8 +30,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         torch.set_num_threads(thread_count(args.threads))
     if args.repeats < 1:
         raise BadInputError(f"--repeats must be >= 1, got {args.repeats}")
-    if args.limit < 1:
-        raise BadInputError(f"--limit must be >= 1, got {args.limit}")
+    for flag in ("limit", "rss_prompts", "prefix_prompts"):
+        if getattr(args, flag) < 1:
+            name = "--" + flag.replace("_", "-")
+            raise BadInputError(f"{name} must be >= 1, got {getattr(args, flag)}")
     for out in (args.json, args.plot, args.markdown):
         if out and out != "-" and not Path(out).expanduser().resolve().parent.is_dir():
             raise BadInputError(f"cannot write {out}: its directory does not exist")

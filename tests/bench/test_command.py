@@ -35,6 +35,9 @@ def test_bad_numbers_are_exit_2(capsys):
     assert main(["bench", "--workload", "random", "--repeats", "0"]) == 2
     assert main(["bench", "--workload", "random", "--limit", "0"]) == 2
     assert "must be >= 1" in capsys.readouterr().err
+    for flag in ("--rss-prompts", "--prefix-prompts"):  # -1 read as all prompts but the last
+        assert main(["bench", "--workload", "random", flag, "-1"]) == 2
+        assert f"{flag} must be >= 1, got -1" in capsys.readouterr().err
     for workload in ("random", "session"):  # thousands of torch threads were started
         assert main(["bench", "--workload", workload, "--threads", "100000"]) == 2
         assert "--threads must be from 1 to" in capsys.readouterr().err
