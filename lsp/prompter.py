@@ -10,12 +10,16 @@ stands for on this machine.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import astuple
 
 from . import prompting
 from .config import AUTO_PREFIX_SIZES, COLD_READ_S, Settings
 from .documents import Cursor, Document, Position
 from .engines import CompletionEngine
+
+log = logging.getLogger(__name__)
 
 #: A request's prefill of at least this many tokens measures the speed again (see
 #: :meth:`PrefixSize.observed`); shorter ones read at a different rate per token.
@@ -133,6 +137,8 @@ class Prompter:
     def __init__(self, engine: CompletionEngine, prefix_size: PrefixSize | None = None) -> None:
         self.vocab = prompting.Vocabulary(engine.tokenize, engine.tokenizer)
         self.prefix_size = prefix_size or PrefixSize()
+        self._window = engine.limits.window
+        self._cut: set[prompting.Budget] = set()  # budgets cut to fit, logged once each
         self._heal = engine.heal
         self._templates: dict[str, prompting.Template | None] = {}
 
@@ -143,10 +149,22 @@ class Prompter:
         return self._templates[setting]
 
     def budget(self, settings: Settings) -> prompting.Budget:
-        """The settings' token budgets, "auto" resolved."""
-        return prompting.Budget(
+        """The settings' token budgets, "auto" resolved, within the model's context window
+        (:meth:`.prompting.Budget.fit`; a budget cut to fit is logged once)."""
+        asked = prompting.Budget(
             self.prefix_size.resolve(settings), settings.suffix_tokens, settings.context_tokens
         )
+        fitted = asked.fit(self._window)
+        if fitted != asked and asked not in self._cut:
+            self._cut.add(asked)
+            log.warning(
+                "prefix-tokens %d, suffix-tokens %d and context-tokens %d do not fit in the "
+                "model's context window of %d tokens: using %d, %d and %d",
+                *astuple(asked),
+                self._window,
+                *astuple(fitted),
+            )
+        return fitted
 
     def context(
         self, files: Iterable[tuple[str, str | Sequence[int]]], limit: int, most: int | None = None

@@ -204,6 +204,25 @@ class Budget:
     suffix_tokens: int = 256
     context_tokens: int = 512
 
+    def fit(self, window: int) -> Budget:
+        """This budget within a model's context ``window``, leaving :data:`FIT_ROOM` tokens
+        (a quarter of a smaller window) for the template's tokens and the completion: the
+        text before the cursor first (leaving the suffix up to a quarter of the rest), then
+        the suffix, then other documents. A prompt over the window is refused by the engine,
+        so budgets from settings larger than the model (``prefix-tokens = 100000`` on a 4k
+        model) would otherwise leave every request unanswered."""
+        left = window - min(FIT_ROOM, window // 4)
+        if self.prefix_tokens + self.suffix_tokens + self.context_tokens <= left:
+            return self
+        prefix = min(self.prefix_tokens, left - min(self.suffix_tokens, left // 4))
+        suffix = min(self.suffix_tokens, left - prefix)
+        return Budget(prefix, suffix, min(self.context_tokens, left - prefix - suffix))
+
+
+#: Tokens of a model's window a fitted :class:`Budget` leaves for the template's own tokens
+#: and the completion (the engine cuts ``max_tokens`` to what is left).
+FIT_ROOM = 128
+
 
 def build(
     template: Template | None,

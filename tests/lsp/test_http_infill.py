@@ -64,6 +64,7 @@ class _Scripted:
         from types import SimpleNamespace
 
         self.tokenizer = SimpleNamespace(decode=lambda ids, **kw: "")
+        self.limits = self.LIMITS
         self.target = SimpleNamespace(name="scripted", vocab_size=1000)
         self.steps = 0
         self.step_s = 0.0

@@ -35,7 +35,15 @@ from specd.lsp.server import SpecdServer
 from specd.lsp.service import Service
 from specd.lsp.warmup import AHEAD_CHARS, OPEN_WARM_S, Background
 
-from specd import Completion, Delta, Engine, Generation, SamplingParams, Stats
+from specd import (
+    Completion,
+    ContextLimits,
+    Delta,
+    Engine,
+    Generation,
+    SamplingParams,
+    Stats,
+)
 from specd.forward.passes import PREFILL_CHUNK
 from specd.forward.tiny import tiny_target
 
@@ -159,6 +167,7 @@ class ScriptedEngine:
         self.step_s = step_s
         self.prefill_s = prefill_s
         self.tokenizer = object()
+        self.limits = ContextLimits(window=1 << 20, token_chars=1)
         self.written: list[str] = []
 
     def tokenize(self, text: str) -> list[int]:

@@ -3,6 +3,9 @@ asking at the same place, with the same other file, get the same prompt."""
 
 from __future__ import annotations
 
+from dataclasses import astuple
+
+from specd.lsp import prompting
 from specd.lsp.completer import Completer, CompletionRequest
 from specd.lsp.config import Settings
 from specd.lsp.documents import Document
@@ -76,3 +79,38 @@ def test_auto_is_what_the_service_measured_on_both_servers():
     assert prompter.budget().prefix_tokens == 256
     completer = Completer(engine, prefix_size=size)  # type: ignore[arg-type]
     assert completer.prompter.budget(Settings()).prefix_tokens == 256
+
+
+def test_budgets_larger_than_the_model_are_fitted_to_its_window(caplog):
+    """Guards against ``prefix-tokens = 100000`` on a 4k model: every prompt was over the
+    window, the engine refused each one and every request came back empty."""
+    engine = FimEngine()
+    engine.limits = ContextLimits(window=1000, token_chars=1)
+    huge = Settings(prefix_tokens=10**6, suffix_tokens=10**6, context_tokens=10**6)
+    before, after = "x = 1\n" * 2000, "\ny = 2\n" * 2000
+    doc = Document("file:///w/main.py", before + after)
+    other = Document("file:///w/util.py", "z = 3\n" * 2000)
+    lines = before.split("\n")
+    cursor = doc.cursor(
+        doc.resolve(len(lines) - 1, len(lines[-1])), before_chars=10**5, after_chars=10**5
+    )
+    req = CompletionRequest(cursor, "main.py", huge, others=[other], root_uri="file:///w")
+    completer = Completer(engine)  # type: ignore[arg-type]
+    with caplog.at_level("WARNING", logger="specd.lsp.prompter"):
+        prompt = completer.build_prompt(req)
+        completer.build_prompt(req)
+    assert len(prompt.ids) <= 1000 - prompting.FIT_ROOM
+    assert prompt.prefix_tokens > 500  # the text before the cursor kept first
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and "prefix-tokens 1000000" in said[0]  # once, naming the settings
+    # budgets that fit are left as they are
+    fits = prompting.Budget(64, 16, 40)
+    assert fits.fit(1000) == fits
+
+
+def test_a_fitted_budget_keeps_the_prefix_first_then_the_suffix():
+    assert prompting.Budget(10**6, 10**6, 10**6).fit(4096) == prompting.Budget(2976, 992, 0)
+    # the default's own sizes on a 2k model: the prefix whole, the context cut
+    assert prompting.Budget(1536, 256, 512).fit(2048) == prompting.Budget(1536, 256, 128)
+    # a window smaller than the room keeps three quarters of it for the prompt
+    assert sum(astuple(prompting.Budget(500, 50, 50).fit(200))) <= 150
