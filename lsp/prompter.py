@@ -138,7 +138,7 @@ class Prompter:
         self.vocab = prompting.Vocabulary(engine.tokenize, engine.tokenizer)
         self.prefix_size = prefix_size or PrefixSize()
         self._window = engine.limits.window
-        self._cut: set[prompting.Budget] = set()  # budgets cut to fit, logged once each
+        self._cut: prompting.Budget | None = None  # the last budget cut to fit (logged)
         self._heal = engine.heal
         self._templates: dict[str, prompting.Template | None] = {}
 
@@ -150,13 +150,13 @@ class Prompter:
 
     def budget(self, settings: Settings) -> prompting.Budget:
         """The settings' token budgets, "auto" resolved, within the model's context window
-        (:meth:`.prompting.Budget.fit`; a budget cut to fit is logged once)."""
+        (:meth:`.prompting.Budget.fit`; a budget cut to fit is logged when it changes)."""
         asked = prompting.Budget(
             self.prefix_size.resolve(settings), settings.suffix_tokens, settings.context_tokens
         )
         fitted = asked.fit(self._window)
-        if fitted != asked and asked not in self._cut:
-            self._cut.add(asked)
+        if fitted != asked and asked != self._cut:
+            self._cut = asked
             log.warning(
                 "prefix-tokens %d, suffix-tokens %d and context-tokens %d do not fit in the "
                 "model's context window of %d tokens: using %d, %d and %d",
