@@ -107,7 +107,7 @@ def decode_step_times(
 def prepare(target: Target, context: int) -> tuple[KVCache, int]:
     """A cache holding ``context`` random tokens (fewer where the model's positions end),
     and one more token to step with."""
-    ctx = min(context, _max_positions(target) - 2)
+    ctx = min(context, target.max_positions - 2)
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, target.vocab_size, (ctx + 1,), generator=gen).tolist()
     cache = target.new_cache(capacity=ctx + 2 * max(PASS_TOKENS))
@@ -203,11 +203,6 @@ def kv_bytes(target: Target, context: int) -> int:
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     elem = torch.empty((), dtype=target.kv_dtype).element_size()
     return 2 * target.num_layers * heads * head_dim * context * elem
-
-
-def _max_positions(target: Target) -> int:
-    cfg = target.config.get_text_config(decoder=True)
-    return int(getattr(cfg, "max_position_embeddings", 0) or 1 << 20)
 
 
 def _sync(device: torch.device | str) -> None:

@@ -105,9 +105,9 @@ def build(
     if n_new < 1:
         raise BadInputError(f"--max-tokens must be >= 1, got {n_new}")
     # the prompts and what is asked after them fit in the window, or nothing can be measured
-    window = int(getattr(target, "max_positions", 0) or 0)
+    window = target.max_positions
     least = context_tokens if name in SIZED else 1
-    if window and least + n_new > window:
+    if least + n_new > window:
         sized = f"--context-tokens {context_tokens:,} and " if name in SIZED else "a prompt and "
         raise BadInputError(
             f"{sized}--max-tokens {n_new:,} do not fit in the model's context window of "
